@@ -1,0 +1,55 @@
+# pandastack-workflows: every command creates what it needs from nothing.
+# Airflow 3.3 and Prefect 3.9 cannot share one environment (FastAPI pins), so
+# there are two virtual environments; the core and the local server are tested in both.
+
+PYTHON ?= python3
+AF := .venv-airflow
+PF := .venv-prefect
+PYTEST_ARGS ?=
+
+.PHONY: help venvs lint typecheck test test-airflow test-prefect test-reliability test-e2e demo bench clean
+
+help:
+	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
+	@echo "make test    lint, type-check and run every test in both environments"
+	@echo "make bench   run the benchmarks and regenerate benchmarks/RESULTS.md"
+
+$(AF)/.installed: pyproject.toml
+	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
+	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,test]'
+	@touch $@
+
+$(PF)/.installed: pyproject.toml
+	@test -x $(PF)/bin/python || $(PYTHON) -m venv $(PF)
+	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,test]'
+	@touch $@
+
+venvs: $(AF)/.installed $(PF)/.installed
+
+lint: venvs
+	$(AF)/bin/ruff check .
+	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks
+
+typecheck: venvs
+	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider
+	$(PF)/bin/mypy prefect_blocks
+
+test-airflow: venvs
+	$(AF)/bin/python -m pytest -q tests/local tests/jobs tests/airflow $(PYTEST_ARGS)
+
+test-prefect: venvs
+	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(PYTEST_ARGS)
+
+test: lint typecheck test-airflow test-prefect
+
+test-reliability: venvs
+	$(AF)/bin/python -m pytest -q tests/reliability $(PYTEST_ARGS)
+
+demo: venvs
+	$(AF)/bin/python -m pandastack_local.demo
+
+bench: venvs
+	$(AF)/bin/python -m benchmarks.run
+
+clean:
+	rm -rf $(AF) $(PF) .mypy_cache .ruff_cache .pytest_cache
