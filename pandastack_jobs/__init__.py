@@ -1,0 +1,63 @@
+"""pandastack_jobs: one throwaway PandaStack sandbox per job, engine-agnostic.
+
+The lifecycle (create → deliver → exec under a hard timeout → collect →
+delete), the classification of failures into redeliver or dead-letter, orphan
+reaping and warm-parent fork pools live here, once. The Airflow provider and
+the Prefect blocks only translate.
+"""
+
+from .classify import Classifier
+from .connection import ConnectionConfig
+from .detached import DetachedJob, SandboxGone, finish_detached, poll_detached, start_detached
+from .errors import JobArgumentsError, JobSpecError
+from .forkpool import WarmPool, WarmupFailed
+from .lifecycle import JobHandle, JobRun, run_job
+from .outcome import FailureClass, FailureKind, JobOutcome, Timings
+from .pyfunc import function_job
+from .reaper import (
+    delete_sandbox,
+    reap_earlier_attempts,
+    sweep,
+    sweep_forks,
+    sweep_job,
+    sweep_managed,
+    sweep_run,
+)
+from .redact import Redactor, redact
+from .spec import INPUT_PATH, RESULT_PATH, WORKDIR, JobKey, JobSpec
+
+__all__ = [
+    "INPUT_PATH",
+    "RESULT_PATH",
+    "WORKDIR",
+    "Classifier",
+    "ConnectionConfig",
+    "DetachedJob",
+    "FailureClass",
+    "FailureKind",
+    "JobArgumentsError",
+    "JobHandle",
+    "JobKey",
+    "JobOutcome",
+    "JobRun",
+    "JobSpec",
+    "JobSpecError",
+    "Redactor",
+    "SandboxGone",
+    "Timings",
+    "WarmPool",
+    "WarmupFailed",
+    "delete_sandbox",
+    "finish_detached",
+    "function_job",
+    "poll_detached",
+    "reap_earlier_attempts",
+    "redact",
+    "run_job",
+    "start_detached",
+    "sweep",
+    "sweep_forks",
+    "sweep_job",
+    "sweep_managed",
+    "sweep_run",
+]

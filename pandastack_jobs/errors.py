@@ -1,0 +1,21 @@
+"""Exceptions raised by the core before any sandbox exists.
+
+A bad job spec is the caller's bug: it is reported at construction time, naming
+the field and the fix, so nothing is created and nothing is lost.
+"""
+
+from __future__ import annotations
+
+
+class JobSpecError(ValueError):
+    """A job spec field is invalid. The message names the field and how to fix it."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+
+class JobArgumentsError(JobSpecError):
+    """A function job's arguments or return value cannot cross the sandbox wall as JSON."""

@@ -1,0 +1,366 @@
+"""The one sandbox lifecycle: create → deliver → exec under a hard timeout → collect → delete.
+
+Three rails, as in the seed: the guest-side timeout (the server's is not
+trusted), a TTL backstop on every sandbox, and "ack only after the result is
+out": success means the result was read back, anything else is a classified
+failure. The sandbox is deleted in ``finally``, always; a failed delete after a
+good result is logged, never turned into a failure (the TTL and the sweep
+catch it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandastack
+from pandastack import Sandbox
+
+from . import guest
+from .connection import reset_refusals
+from .failures import StepError, capacity_retry_after, describe_exit, kind_for_error, last_line
+from .outcome import FailureKind, JobOutcome, Timings
+from .reaper import delete_sandbox, reap_earlier_attempts
+from .redact import Redactor
+from .spec import INPUT_PATH, TAIL_BYTES, JobSpec
+
+logger = logging.getLogger("pandastack_jobs")
+
+OutputCallback = Callable[[str, str], None]
+"""Called with ``(stream, chunk)`` as the job's output arrives; stream is "stdout" or "stderr"."""
+CreatedCallback = Callable[[str], None]
+"""Called with the sandbox id right after create, before any job code runs."""
+
+
+class JobHandle:
+    """Lets another thread stop a running job: an engine's ``on_kill`` or cancellation hook.
+
+    ``cancel()`` deletes the sandbox at once; the job then ends as
+    ``CANCELLED`` (dead-letter), never as a success.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._client: pandastack.Client | None = None
+        self.sandbox_id: str | None = None
+        self.cancelled = False
+
+    def attach(self, client: pandastack.Client, sandbox_id: str) -> None:
+        """Record the running job's sandbox (done by the runner right after create)."""
+        with self._lock:
+            self._client, self.sandbox_id = client, sandbox_id
+            cancelled = self.cancelled
+        if cancelled:
+            delete_sandbox(client, sandbox_id)
+
+    def cancel(self) -> None:
+        """Stop the job: mark it cancelled and delete its sandbox (idempotent)."""
+        with self._lock:
+            self.cancelled = True
+            client, sandbox_id = self._client, self.sandbox_id
+        if client is not None and sandbox_id is not None:
+            delete_sandbox(client, sandbox_id)
+
+
+class OutputTail:
+    """Keeps the last ``limit`` characters of a stream, however much the job prints."""
+
+    def __init__(self, limit: int = TAIL_BYTES) -> None:
+        self._limit = limit
+        self._chunks: deque[str] = deque()
+        self._size = 0
+
+    def add(self, chunk: str) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._chunks[0]) >= self._limit and len(self._chunks) > 1:
+            self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return "".join(self._chunks)[-self._limit :]
+
+
+class JobRun:
+    """One run of one job in one sandbox. Use :func:`run_job`; the fork pool reuses the steps."""
+
+    def __init__(
+        self,
+        client: pandastack.Client,
+        spec: JobSpec,
+        *,
+        on_created: CreatedCallback | None = None,
+        on_output: OutputCallback | None = None,
+        handle: JobHandle | None = None,
+        redactor: Redactor | None = None,
+        keep_on_success: bool = False,
+    ) -> None:
+        self.client = client
+        self.keep_on_success = keep_on_success
+        self.succeeded = False
+        self.spec = spec
+        self.on_created = on_created
+        self.on_output = on_output
+        self.handle = handle or JobHandle()
+        self.redact = redactor or Redactor()
+        self.redact.add(getattr(client, "api_key", None))
+        self.stdout = OutputTail()
+        self.stderr = OutputTail()
+        self.times: dict[str, float] = {}
+        self.sandbox: Sandbox | None = None
+
+    # -- the steps -------------------------------------------------------------------------------
+
+    def create(self) -> Sandbox:
+        """A fresh sandbox with the TTL backstop and metadata naming the attempt."""
+        reset_refusals()
+        return self.client.sandboxes.create(
+            template=self.spec.template,
+            ttl_seconds=self.spec.ttl_seconds,
+            metadata=self.spec.sandbox_metadata(),
+        )
+
+    def deliver(self, sb: Sandbox) -> None:
+        """Write the job's files and its JSON input into the guest."""
+        for path, content in self.spec.files.items():
+            data = content.read_bytes() if isinstance(content, Path) else content
+            data = data.encode() if isinstance(data, str) else data
+            if len(data) > self.spec.max_file_bytes:
+                raise StepError(
+                    FailureKind.BAD_REQUEST,
+                    f"file {path} is {len(data)} bytes, over the {self.spec.max_file_bytes}-byte upload "
+                    "limit: ship large inputs through object storage and fetch them in the job",
+                )
+            sb.filesystem.write(path, data)
+        if self.spec.input is not None:
+            sb.filesystem.write(INPUT_PATH, json.dumps(self.spec.input, allow_nan=False).encode())
+
+    def execute(self, sb: Sandbox) -> tuple[int, float]:
+        """Run the command under the guest-side clock; return (exit code, seconds)."""
+        env = guest.job_env(self.spec.result_path, self.spec.env)
+        command = guest.foreground_command(self.spec.command, self.spec.timeout, env)
+        started = time.monotonic()
+        exit_code = sb.exec_stream(
+            command,
+            on_stdout=lambda chunk: self._output("stdout", chunk),
+            on_stderr=lambda chunk: self._output("stderr", chunk),
+            timeout_seconds=guest.server_timeout(self.spec.timeout),
+        )
+        return exit_code, time.monotonic() - started
+
+    def collect(self, sb: Sandbox) -> tuple[Any, bool, dict[str, bytes]]:
+        """Read back the JSON result and the collected files (size-capped, JSON only)."""
+        result: Any = None
+        has_result = False
+        if self.spec.result_path is not None:
+            raw = self._read_capped(sb, self.spec.result_path, self.spec.max_result_bytes, "result")
+            try:
+                result = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise StepError(
+                    FailureKind.RESULT_INVALID,
+                    f"result file {self.spec.result_path} is not valid JSON ({exc}); "
+                    "write it with json.dump(...) in the job",
+                ) from None
+            has_result = True
+        files = {
+            p: self._read_capped(sb, p, self.spec.max_file_bytes, "collected file") for p in self.spec.collect
+        }
+        return result, has_result, files
+
+    def teardown(self) -> str | None:
+        """Delete the sandbox; return the error text if that failed (404 counts as deleted)."""
+        if self.sandbox is None or (self.keep_on_success and self.succeeded):
+            return None
+        try:
+            delete_sandbox(self.client, self.sandbox.id, raise_errors=True)
+        except Exception as exc:  # noqa: BLE001 - a failed delete must never fail the job
+            text = self.redact(f"{type(exc).__name__}: {exc}")
+            logger.warning(
+                "pandastack: could not delete sandbox %s (TTL will reap it): %s", self.sandbox.id, text
+            )
+            return text
+        return None
+
+    # -- the whole run ---------------------------------------------------------------------------
+
+    def run(
+        self,
+        acquire: Callable[[], Sandbox] | None = None,
+        *,
+        deliver: bool = True,
+        execute: Callable[[Sandbox], tuple[int, float]] | None = None,
+        collect: bool = True,
+    ) -> JobOutcome:
+        """Run the steps; classify whatever goes wrong; always tear down.
+
+        ``acquire`` replaces create (a fork, an existing sandbox), ``execute``
+        replaces the exec step (detached launch or reading a detached job's end),
+        and ``deliver``/``collect`` switch those steps off.
+        """
+        started = time.monotonic()
+        step = "create"
+        outcome_kw: dict[str, Any] = {}
+        try:
+            self.sandbox = self._timed("create", acquire or self.create)
+            self.handle.attach(self.client, self.sandbox.id)
+            if self.on_created is not None:
+                self.on_created(self.sandbox.id)
+            if deliver:
+                step = "deliver"
+                self._timed("deliver", lambda: self.deliver(self._live()))
+            step = "exec"
+            exit_code, elapsed = self._timed("exec", lambda: (execute or self.execute)(self._live()))
+            outcome_kw["exit_code"] = exit_code
+            if exit_code != 0:
+                raise self._exit_failure(exit_code, elapsed)
+            if collect:
+                step = "collect"
+                result, has_result, files = self._timed("collect", lambda: self.collect(self._live()))
+                outcome_kw.update(result=result, has_result=has_result, files=files)
+            outcome_kw.update(ok=True, reason="succeeded")
+            self.succeeded = True
+        except Exception as exc:
+            kind = FailureKind.CANCELLED if self.handle.cancelled else kind_for_error(exc, step)
+            if kind is None:
+                self._finish_teardown()
+                raise
+            outcome_kw.update(self._failure(kind, exc, step, outcome_kw.get("exit_code")))
+        teardown_error = self._finish_teardown()
+        self.times["total"] = time.monotonic() - started
+        key = self.spec.key
+        return JobOutcome(
+            stdout_tail=self.redact(self.stdout.text()),
+            stderr_tail=self.redact(self.stderr.text()),
+            sandbox_id=self.sandbox.id if self.sandbox else None,
+            timings=Timings(**self.times),
+            teardown_error=teardown_error,
+            job_id=key.job_id if key else None,
+            try_number=key.try_number if key else None,
+            **outcome_kw,
+        )
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _live(self) -> Sandbox:
+        if self.handle.cancelled:
+            raise StepError(FailureKind.CANCELLED, "job was cancelled; its sandbox was deleted")
+        assert self.sandbox is not None
+        return self.sandbox
+
+    def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.times[name] = time.monotonic() - started
+
+    def _finish_teardown(self) -> str | None:
+        started = time.monotonic()
+        error = self.teardown()
+        self.times["delete"] = time.monotonic() - started
+        return error
+
+    def _output(self, stream: str, chunk: str) -> None:
+        (self.stdout if stream == "stdout" else self.stderr).add(chunk)
+        if self.on_output is not None:
+            self.on_output(stream, self.redact(chunk))
+
+    def _read_capped(self, sb: Sandbox, path: str, limit: int, what: str) -> bytes:
+        try:
+            info = sb.filesystem.stat(path)
+        except pandastack.NotFoundError:
+            if sb.id and not _sandbox_exists(self.client, sb.id):
+                raise
+            raise StepError(
+                FailureKind.RESULT_MISSING,
+                f"the job exited 0 but wrote no {what} at {path}; write it before exiting",
+            ) from None
+        if info.size > limit:
+            raise StepError(
+                FailureKind.RESULT_TOO_LARGE,
+                f"{what} {path} is {info.size} bytes, over the {limit}-byte cap; "
+                "write large outputs to object storage, or raise the cap",
+            )
+        data = sb.filesystem.read(path)
+        if len(data) > limit:  # the file grew after the stat
+            raise StepError(FailureKind.RESULT_TOO_LARGE, f"{what} {path} grew past the {limit}-byte cap")
+        return data
+
+    def _exit_failure(self, exit_code: int, elapsed: float) -> StepError:
+        if guest.timed_out(exit_code, elapsed, self.spec.timeout):
+            return StepError(
+                FailureKind.TIMEOUT,
+                f"job exceeded its {self.spec.timeout:g}s timeout and was killed",
+            )
+        kind = self.spec.classifier.kind_for_exit(exit_code)
+        cause = last_line(self.redact(self.stderr.text()))
+        label = "permanent " if kind is FailureKind.PERMANENT_EXIT_CODE else ""
+        return StepError(
+            kind, f"job failed with {label}{describe_exit(exit_code)}" + (f": {cause}" if cause else "")
+        )
+
+    def _failure(self, kind: FailureKind, exc: Exception, step: str, exit_code: int | None) -> dict[str, Any]:
+        if isinstance(exc, StepError):
+            reason = exc.reason
+        elif kind is FailureKind.TIMEOUT:
+            reason = f"job exceeded its {self.spec.timeout:g}s timeout (the server stopped it)"
+        elif kind is FailureKind.CANCELLED:
+            reason = "job was cancelled; its sandbox was deleted"
+        elif kind is FailureKind.UNKNOWN_TEMPLATE:
+            reason = f"template {self.spec.template!r} cannot be used: {exc}"
+        else:
+            reason = f"{step} failed ({type(exc).__name__}): {exc}"
+        retry_after = capacity_retry_after(str(exc)) if kind is FailureKind.CAPACITY else None
+        return {
+            "ok": False,
+            "kind": kind,
+            "failure_class": self.spec.classifier.classify(kind, exit_code),
+            "reason": self.redact(reason),
+            "retry_after": retry_after,
+        }
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _sandbox_exists(client: pandastack.Client, sandbox_id: str) -> bool:
+    try:
+        client.sandboxes.get(sandbox_id)
+    except pandastack.NotFoundError:
+        return False
+    return True
+
+
+def run_job(
+    client: pandastack.Client,
+    spec: JobSpec,
+    *,
+    on_created: CreatedCallback | None = None,
+    on_output: OutputCallback | None = None,
+    handle: JobHandle | None = None,
+    redactor: Redactor | None = None,
+    reap: bool = True,
+) -> JobOutcome:
+    """Run ``spec`` in exactly one fresh sandbox and return what came of it.
+
+    Before creating, sandboxes left by earlier attempts of the same job
+    (``spec.key``) are deleted. Job failures are returned as a classified
+    :class:`JobOutcome`, never raised; only programming errors propagate.
+    """
+    if reap and spec.key is not None:
+        try:
+            reaped = reap_earlier_attempts(client, spec.key)
+        except pandastack.PandastackError as exc:
+            logger.warning("pandastack: could not look for orphans of earlier attempts: %s", exc)
+        else:
+            if reaped:
+                logger.info("pandastack: reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
+    run = JobRun(client, spec, on_created=on_created, on_output=on_output, handle=handle, redactor=redactor)
+    return run.run()

@@ -1,0 +1,246 @@
+"""What one job is: an immutable, validated description of a sandbox run.
+
+Everything a job needs is checked here, before any sandbox exists, so bad input
+fails fast with an error naming the field and the fix, and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any, Union
+
+from .classify import Classifier
+from .errors import JobSpecError
+
+WORKDIR = "/work"
+INPUT_PATH = "/work/input.json"
+RESULT_PATH = "/work/result.json"
+DEFAULT_TEMPLATE = "code-interpreter"
+DEFAULT_TIMEOUT = 300.0
+# TTL is an idle backstop on the server, reset by activity. It must outlast the
+# job's own clock so that only a job whose orchestrator died is reaped by it.
+TTL_MARGIN_SECONDS = 60
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = 32 * 1024 * 1024  # the server's upload limit, mirrored for downloads
+TAIL_BYTES = 8 * 1024
+TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+METADATA_VALUE_MAX = 256
+MANAGED_BY = "pandastack-workflows"
+
+FileContent = Union[bytes, str, Path]
+
+
+def guest_path(path: str, field_name: str, workdir: str = WORKDIR) -> str:
+    """Resolve a job path to an absolute guest path (relative ones live under ``workdir``).
+
+    ``..`` is refused outright: a job path that climbs is a bug or an attack.
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise JobSpecError(field_name, f"path {path!r} is empty or not a string", "give a file path")
+    if "\x00" in path:
+        raise JobSpecError(field_name, f"path {path!r} contains a NUL byte", "remove it")
+    pure = PurePosixPath(path)
+    if ".." in pure.parts:
+        raise JobSpecError(
+            field_name,
+            f"path {path!r} contains '..'",
+            f"use a path inside the sandbox without '..', e.g. {workdir}/data.csv",
+        )
+    absolute = pure if pure.is_absolute() else PurePosixPath(workdir) / pure
+    if str(absolute) == "/":
+        raise JobSpecError(field_name, "path is the root directory", "name a file")
+    return str(absolute)
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """Names one attempt of one job, so a retry can find what an earlier attempt left.
+
+    ``try_number`` is the attempt (Airflow's try_number, Prefect's run_count);
+    everything else names the job across attempts.
+    """
+
+    engine: str
+    workflow: str
+    task: str
+    run: str
+    map_index: int = -1
+    try_number: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("engine", "workflow", "task", "run"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise JobSpecError(f"key.{name}", f"{value!r} is empty", "give a non-empty string")
+        if not isinstance(self.try_number, int) or self.try_number < 0:
+            raise JobSpecError("key.try_number", f"{self.try_number!r} is invalid", "use an int >= 0")
+
+    @property
+    def job_id(self) -> str:
+        """Stable across attempts: a hash of engine, workflow, task, run and map index."""
+        raw = "\x1f".join((self.engine, self.workflow, self.task, self.run, str(self.map_index)))
+        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+    @property
+    def run_id(self) -> str:
+        """Stable for every job of one workflow run (for sweeps)."""
+        raw = "\x1f".join((self.engine, self.workflow, self.run))
+        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+    def metadata(self) -> dict[str, str]:
+        """The sandbox metadata that names this attempt (all values are strings)."""
+        return {
+            "managed_by": MANAGED_BY,
+            "job_id": self.job_id,
+            "job_run_id": self.run_id,
+            "job_try": str(self.try_number),
+            "job_engine": _clip(self.engine),
+            "job_workflow": _clip(self.workflow),
+            "job_task": _clip(self.task),
+            "job_run": _clip(self.run),
+            "job_map_index": str(self.map_index),
+        }
+
+
+def _clip(value: str) -> str:
+    return value if len(value) <= METADATA_VALUE_MAX else value[: METADATA_VALUE_MAX - 1] + "…"
+
+
+def _freeze_files(files: Mapping[str, FileContent] | None) -> Mapping[str, FileContent]:
+    frozen: dict[str, FileContent] = {}
+    for path, content in (files or {}).items():
+        target = guest_path(path, f"files[{path!r}]")
+        if isinstance(content, Path):
+            if not content.is_file():
+                raise JobSpecError(
+                    f"files[{path!r}]", f"local file {str(content)!r} does not exist", "check the path"
+                )
+        elif not isinstance(content, (bytes, str)):
+            raise JobSpecError(
+                f"files[{path!r}]",
+                f"content of type {type(content).__name__} cannot be delivered",
+                "pass bytes, str, or a pathlib.Path to a local file",
+            )
+        if target in frozen:
+            raise JobSpecError(f"files[{path!r}]", f"delivers to {target} twice", "keep one entry per path")
+        frozen[target] = content
+    return MappingProxyType(frozen)
+
+
+def _freeze_str_map(value: Mapping[str, str] | None, field_name: str) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for k, v in (value or {}).items():
+        if not isinstance(k, str) or not k or not isinstance(v, str):
+            raise JobSpecError(
+                f"{field_name}[{k!r}]", "keys and values must be non-empty strings", "convert with str()"
+            )
+        out[k] = v
+    return MappingProxyType(out)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: run ``command`` in a fresh sandbox and bring back its result.
+
+    Files are delivered before the command runs (relative paths land under
+    ``/work``); ``input`` is written as JSON to ``/work/input.json``; the job
+    writes JSON to ``result_path`` and any extra ``collect`` paths are read back
+    as bytes. ``timeout`` is the job's hard clock, enforced inside the guest.
+    """
+
+    command: str
+    files: Mapping[str, FileContent] = field(default_factory=dict)
+    input: Any = None
+    result_path: str | None = RESULT_PATH
+    collect: Sequence[str] = ()
+    template: str = DEFAULT_TEMPLATE
+    timeout: float = DEFAULT_TIMEOUT
+    ttl: int | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    key: JobKey | None = None
+    classifier: Classifier = field(default_factory=Classifier)
+    max_result_bytes: int = MAX_RESULT_BYTES
+    max_file_bytes: int = MAX_FILE_BYTES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.command, str) or not self.command.strip():
+            raise JobSpecError("command", "is empty", "give the shell command to run, e.g. 'python3 run.py'")
+        if not isinstance(self.template, str) or not TEMPLATE_NAME.match(self.template):
+            raise JobSpecError(
+                "template",
+                f"{self.template!r} is not a valid template name",
+                "use 1-64 characters from A-Z a-z 0-9 . _ -, e.g. 'code-interpreter'",
+            )
+        if (
+            not isinstance(self.timeout, (int, float))
+            or isinstance(self.timeout, bool)
+            or not math.isfinite(self.timeout)
+            or self.timeout <= 0
+        ):
+            raise JobSpecError(
+                "timeout", f"{self.timeout!r} is not a positive number", "give seconds, e.g. 120"
+            )
+        if self.ttl is not None and (not isinstance(self.ttl, int) or self.ttl < math.ceil(self.timeout)):
+            raise JobSpecError(
+                "ttl",
+                f"{self.ttl!r} is shorter than the timeout ({self.timeout}s)",
+                "leave ttl unset (it is derived from the timeout) or make it longer than the timeout",
+            )
+        for name in ("max_result_bytes", "max_file_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise JobSpecError(name, f"{value!r} is not a positive int", "give a size in bytes")
+        object.__setattr__(self, "files", _freeze_files(self.files))
+        object.__setattr__(self, "metadata", _freeze_str_map(self.metadata, "metadata"))
+        env = _freeze_str_map(self.env, "env")
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise JobSpecError(
+                    f"env[{name!r}]", "is not a valid variable name", "use [A-Za-z_][A-Za-z0-9_]*"
+                )
+        object.__setattr__(self, "env", env)
+        if self.input is not None:
+            try:
+                json.dumps(self.input, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise JobSpecError(
+                    "input",
+                    f"is not JSON-serialisable ({exc})",
+                    "pass dicts, lists, str, int, float, bool, None",
+                ) from None
+        if self.result_path is not None:
+            object.__setattr__(self, "result_path", guest_path(self.result_path, "result_path"))
+        if isinstance(self.collect, str):
+            raise JobSpecError("collect", "is a single string", "pass a list of paths, e.g. ['report.md']")
+        object.__setattr__(
+            self, "collect", tuple(guest_path(p, f"collect[{i}]") for i, p in enumerate(self.collect))
+        )
+        if not isinstance(self.classifier, Classifier):
+            raise JobSpecError("classifier", "is not a Classifier", "use pandastack_jobs.Classifier(...)")
+
+    @property
+    def ttl_seconds(self) -> int:
+        """The sandbox's idle backstop: explicit, or the timeout plus a margin."""
+        if self.ttl is not None:
+            return self.ttl
+        return math.ceil(self.timeout) + TTL_MARGIN_SECONDS
+
+    def sandbox_metadata(self) -> dict[str, str]:
+        """Metadata for the sandbox: the user's, then the attempt's (which wins)."""
+        merged = dict(self.metadata)
+        if self.key is not None:
+            merged.update(self.key.metadata())
+        else:
+            merged["managed_by"] = MANAGED_BY
+        return merged
