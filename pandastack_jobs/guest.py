@@ -73,7 +73,9 @@ def server_timeout(timeout: float) -> int:
 
 
 def timed_out(exit_code: int, elapsed: float, timeout: float) -> bool:
-    """True when the guest's clock killed the job (124, or a signal exit at the deadline)."""
-    if exit_code == TIMEOUT_EXIT_CODE:
-        return True
-    return exit_code in (137, 143) and elapsed >= timeout
+    """True when the guest's clock killed the job: a timeout or signal exit, at the deadline.
+
+    Both are needed: a job may exit 124 on its own, early, and a job killed for
+    memory exits 137 before its deadline.
+    """
+    return exit_code in (TIMEOUT_EXIT_CODE, 137, 143) and elapsed >= timeout

@@ -1,0 +1,73 @@
+"""Redaction, guest command lines and function jobs: the texts that cross the wall."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pandastack_jobs import JobArgumentsError, Redactor, function_job
+from pandastack_jobs.guest import foreground_command, timed_out
+
+KEY = "pds_" + "ab" * 16
+
+
+def test_redactor_masks_known_secrets_and_token_shapes() -> None:
+    r = Redactor(["hunter2-secret", None, "abc"])  # too-short secrets are ignored
+    text = r(f"key={KEY} pw=hunter2-secret other=pds_{'0' * 32} abc")
+    assert KEY not in text and "hunter2-secret" not in text and "pds_0000" not in text
+    assert text.count("***") == 3 and text.endswith("abc")
+
+
+def test_foreground_command_enforces_the_clock_in_the_guest() -> None:
+    line = foreground_command("echo 'hi'; exit 3", 2.5, {"A": "x y"})
+    assert "timeout -s TERM -k 5 2.5 sh -c" in line
+    assert "A='x y'" in line
+    # The quoted command survives a real shell round trip.
+    out = subprocess.run(
+        ["sh", "-c", line.replace("mkdir -p /work && cd /work && ", "")], capture_output=True
+    )
+    assert out.returncode == 3 and out.stdout == b"hi\n"
+
+
+def test_timed_out_needs_both_the_code_and_the_clock() -> None:
+    assert timed_out(124, 10.2, 10)
+    assert timed_out(137, 15.0, 10)
+    assert not timed_out(124, 1.0, 10)  # the job's own exit 124, early
+    assert not timed_out(1, 20.0, 10)
+
+
+def _double(x: int, *, scale: int = 2) -> dict:
+    return {"value": x * scale}
+
+
+def test_function_job_round_trip_as_plain_python(tmp_path) -> None:
+    job = function_job(_double, [21], {"scale": 2})
+    assert job["command"].startswith("python3 ")
+    script = next(iter(job["files"].values()))
+    assert "pickle" not in script
+    # Run the generated script with local paths swapped in: JSON in, JSON out.
+    script = script.replace("/work/input.json", str(tmp_path / "in.json")).replace(
+        "/work/result.json", str(tmp_path / "out.json")
+    )
+    (tmp_path / "in.json").write_text(json.dumps(job["input"]))
+    (tmp_path / "fn.py").write_text(script)
+    subprocess.run([sys.executable, str(tmp_path / "fn.py")], check=True)
+    assert json.loads((tmp_path / "out.json").read_text()) == {"value": 42}
+
+
+def test_function_job_refuses_non_json_arguments() -> None:
+    with pytest.raises(JobArgumentsError) as info:
+        function_job(_double, [object()])
+    assert info.value.field == "args[0]"
+    with pytest.raises(JobArgumentsError) as info:
+        function_job(_double, [], {"scale": {1, 2}})
+    assert info.value.field == "kwargs['scale']"
+
+
+def test_function_job_refuses_lambdas() -> None:
+    with pytest.raises(JobArgumentsError) as info:
+        function_job(lambda: 1)
+    assert "plain function" in str(info.value) or "source" in str(info.value)
