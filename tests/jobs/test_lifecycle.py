@@ -1,0 +1,232 @@
+"""The one lifecycle, end to end against pandastack_local through the real SDK."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pandastack
+import pytest
+
+from pandastack_jobs import (
+    Classifier,
+    FailureClass,
+    FailureKind,
+    JobHandle,
+    JobKey,
+    JobSpec,
+    run_job,
+)
+from pandastack_jobs.connection import ConnectionConfig
+
+ECHO_INPUT = (
+    "import json; d = json.load(open('/work/input.json')); "
+    "json.dump({'sum': sum(d['rows']), 'n': len(d['rows'])}, open('/work/result.json', 'w'))"
+)
+
+
+def test_success_returns_result_files_and_timings(ps_client: pandastack.Client) -> None:
+    chunks: list[tuple[str, str]] = []
+    created: list[str] = []
+    spec = JobSpec(
+        command="python3 job.py && echo done && echo '# Report' > report.md",
+        files={"job.py": ECHO_INPUT},
+        input={"rows": [1, 2, 3]},
+        collect=["report.md"],
+        timeout=30,
+    )
+    outcome = run_job(
+        ps_client, spec, on_output=lambda s, c: chunks.append((s, c)), on_created=created.append
+    )
+    assert outcome.ok, outcome.reason
+    assert outcome.failure_class is None
+    assert outcome.result == {"sum": 6, "n": 3} and outcome.has_result
+    assert outcome.files == {"/work/report.md": b"# Report\n"}
+    assert outcome.exit_code == 0
+    assert "done" in outcome.stdout_tail
+    assert ("stdout", "done\n") in chunks or any("done" in c for s, c in chunks if s == "stdout")
+    assert created == [outcome.sandbox_id]
+    t = outcome.timings
+    assert t.create > 0 and t.exec > 0 and t.delete > 0 and t.total >= t.create + t.exec
+    with pytest.raises(pandastack.NotFoundError):
+        ps_client.sandboxes.get(outcome.sandbox_id)
+
+
+def test_nonzero_exit_is_redelivered_with_the_cause(ps_client: pandastack.Client) -> None:
+    outcome = run_job(ps_client, JobSpec(command="echo boom >&2; exit 3", timeout=30))
+    assert not outcome.ok
+    assert outcome.kind is FailureKind.EXIT_CODE
+    assert outcome.failure_class is FailureClass.REDELIVER and outcome.redeliver
+    assert outcome.exit_code == 3
+    assert "exit code 3" in outcome.reason and "boom" in outcome.reason
+    assert "boom" in outcome.stderr_tail
+
+
+def test_permanent_exit_code_is_dead_lettered(ps_client: pandastack.Client) -> None:
+    spec = JobSpec(command="exit 3", timeout=30, classifier=Classifier(permanent_exit_codes=frozenset({3})))
+    outcome = run_job(ps_client, spec)
+    assert outcome.kind is FailureKind.PERMANENT_EXIT_CODE
+    assert outcome.dead_letter
+    assert "permanent exit code 3" in outcome.reason
+
+
+def test_timeout_kills_a_sleeping_job_on_time(ps_client: pandastack.Client) -> None:
+    started = time.monotonic()
+    outcome = run_job(ps_client, JobSpec(command="sleep 600", timeout=2))
+    elapsed = time.monotonic() - started
+    assert outcome.kind is FailureKind.TIMEOUT, outcome.reason
+    assert outcome.redeliver
+    assert "2s timeout" in outcome.reason
+    assert elapsed < 2 + 8, f"a 2 s job took {elapsed:.1f} s to be stopped"
+
+
+def test_timeout_can_be_dead_lettered(ps_client: pandastack.Client) -> None:
+    spec = JobSpec(command="sleep 600", timeout=1, classifier=Classifier(retry_on_timeout=False))
+    assert run_job(ps_client, spec).dead_letter
+
+
+def test_a_job_that_ignores_sigterm_is_still_killed(ps_client: pandastack.Client) -> None:
+    started = time.monotonic()
+    outcome = run_job(ps_client, JobSpec(command="trap '' TERM; while :; do :; done", timeout=1))
+    assert outcome.kind is FailureKind.TIMEOUT, outcome.reason
+    assert time.monotonic() - started < 1 + 5 + 8
+
+
+@pytest.mark.parametrize(
+    ("command", "kind", "words"),
+    [
+        ("true", FailureKind.RESULT_MISSING, "wrote no result"),
+        ("echo 'not json' > /work/result.json", FailureKind.RESULT_INVALID, "not valid JSON"),
+        ("echo NaN > /work/result.json", FailureKind.RESULT_INVALID, "not valid JSON"),
+        ("head -c 5000 /dev/zero | tr '\\0' 1 > /work/result.json", FailureKind.RESULT_TOO_LARGE, "cap"),
+    ],
+)
+def test_bad_results_are_dead_lettered(
+    ps_client: pandastack.Client, command: str, kind: FailureKind, words: str
+) -> None:
+    outcome = run_job(ps_client, JobSpec(command=command, timeout=30, max_result_bytes=1000))
+    assert outcome.kind is kind, outcome.reason
+    assert outcome.dead_letter
+    assert words in outcome.reason
+    assert outcome.exit_code == 0
+
+
+def test_no_result_expected(ps_client: pandastack.Client) -> None:
+    outcome = run_job(ps_client, JobSpec(command="true", result_path=None, timeout=30))
+    assert outcome.ok and outcome.result is None and not outcome.has_result
+
+
+def test_unknown_template_is_dead_lettered_clearly(ps_client: pandastack.Client) -> None:
+    outcome = run_job(ps_client, JobSpec(command="true", template="no-such-template"))
+    assert outcome.kind is FailureKind.UNKNOWN_TEMPLATE, outcome.reason
+    assert outcome.dead_letter
+    assert "no-such-template" in outcome.reason
+    assert outcome.sandbox_id is None
+
+
+def test_wrong_key_is_dead_lettered_and_never_shown(local_server) -> None:
+    bad_key = "pds_" + "0" * 31 + "1"
+    client = ConnectionConfig(api_url=local_server.url, api_key=bad_key).client()
+    outcome = run_job(client, JobSpec(command="true"))
+    assert outcome.kind is FailureKind.AUTH and outcome.dead_letter
+    assert bad_key not in outcome.reason
+
+
+def test_server_unreachable_is_redelivered() -> None:
+    client = ConnectionConfig(api_url="http://127.0.0.1:9", api_key="pds_" + "1" * 32).client()
+    outcome = run_job(client, JobSpec(command="true"))
+    assert outcome.kind is FailureKind.CONNECTION, outcome.reason
+    assert outcome.redeliver
+
+
+def test_capacity_refusal_past_the_budget_is_redelivered_with_retry_after(make_local_server) -> None:
+    server = make_local_server(max_sandboxes=1)
+    holder = server.client().sandboxes.create(template="base", ttl_seconds=60)
+    try:
+        client = ConnectionConfig(
+            api_url=server.url, api_key=server.api_key, max_create_retry_seconds=0
+        ).client()
+        outcome = run_job(client, JobSpec(command="true"))
+        assert outcome.kind is FailureKind.CAPACITY, outcome.reason
+        assert outcome.redeliver
+        assert outcome.retry_after is not None and outcome.retry_after >= 1
+    finally:
+        holder.kill()
+
+
+def test_capacity_refusal_waits_within_the_budget_then_runs(make_local_server) -> None:
+    server = make_local_server(max_sandboxes=1)
+    holder = server.client().sandboxes.create(template="base", ttl_seconds=60)
+    threading.Timer(1.5, holder.kill).start()
+    client = ConnectionConfig(
+        api_url=server.url, api_key=server.api_key, max_create_retry_seconds=30
+    ).client()
+    outcome = run_job(client, JobSpec(command="echo '{}' > /work/result.json", timeout=30))
+    assert outcome.ok, outcome.reason
+
+
+def test_sandbox_deleted_mid_exec_is_redelivered(ps_client: pandastack.Client) -> None:
+    def delete_soon(sandbox_id: str) -> None:
+        threading.Timer(1.0, lambda: ps_client.sandboxes.delete(sandbox_id)).start()
+
+    started = time.monotonic()
+    outcome = run_job(ps_client, JobSpec(command="sleep 60", timeout=90), on_created=delete_soon)
+    assert outcome.kind is FailureKind.SANDBOX_LOST, outcome.reason
+    assert outcome.redeliver
+    assert time.monotonic() - started < 30
+
+
+def test_cancel_through_the_handle_never_succeeds(ps_client: pandastack.Client) -> None:
+    handle = JobHandle()
+    threading.Timer(1.0, handle.cancel).start()
+    outcome = run_job(
+        ps_client, JobSpec(command="sleep 60; echo '{}' > /work/result.json", timeout=90), handle=handle
+    )
+    assert not outcome.ok
+    assert outcome.kind is FailureKind.CANCELLED and outcome.dead_letter
+
+
+def test_secrets_in_job_output_are_redacted(ps_client: pandastack.Client) -> None:
+    key = ps_client.api_key
+    spec = JobSpec(command="echo leaked=$LEAK; echo err=$LEAK >&2; exit 1", env={"LEAK": key}, timeout=30)
+    seen: list[str] = []
+    outcome = run_job(ps_client, spec, on_output=lambda s, c: seen.append(c))
+    assert key not in outcome.stdout_tail + outcome.stderr_tail + outcome.reason + "".join(seen)
+    assert "leaked=***" in outcome.stdout_tail
+
+
+def test_teardown_failure_after_a_good_result_is_still_success(
+    ps_client: pandastack.Client, monkeypatch
+) -> None:
+    # Fault injection: the delete call fails (as on a network blip); the sandbox stays for the sweep.
+    real_delete = ps_client.sandboxes.delete
+
+    def failing_delete(sandbox_id: str) -> None:
+        raise pandastack.ServerError("injected: agent unreachable")
+
+    monkeypatch.setattr(ps_client.sandboxes, "delete", failing_delete)
+    outcome = run_job(ps_client, JobSpec(command="echo '[1]' > /work/result.json", timeout=30))
+    monkeypatch.setattr(ps_client.sandboxes, "delete", real_delete)
+    assert outcome.ok and outcome.result == [1]
+    assert outcome.teardown_error and "injected" in outcome.teardown_error
+    assert ps_client.sandboxes.get(outcome.sandbox_id).id == outcome.sandbox_id  # still there...
+    from pandastack_jobs import sweep_managed
+
+    assert outcome.sandbox_id in sweep_managed(ps_client)  # ...until the sweep removes it
+
+
+def test_earlier_attempts_are_reaped_before_the_next_try(ps_client: pandastack.Client) -> None:
+    key1 = JobKey("test", "wf", "task", "run-1", try_number=1)
+    orphan = ps_client.sandboxes.create(template="base", ttl_seconds=120, metadata=key1.metadata())
+    unrelated = ps_client.sandboxes.create(
+        template="base", ttl_seconds=120, metadata=JobKey("test", "wf", "other", "run-1").metadata()
+    )
+    try:
+        key2 = JobKey("test", "wf", "task", "run-1", try_number=2)
+        outcome = run_job(ps_client, JobSpec(command="echo 1 > /work/result.json", key=key2, timeout=30))
+        assert outcome.ok
+        ids = {sb.id for sb in ps_client.sandboxes.list()}
+        assert orphan.id not in ids
+        assert unrelated.id in ids
+    finally:
+        unrelated.kill()
