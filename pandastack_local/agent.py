@@ -1,0 +1,382 @@
+"""The in-sandbox agent, and the frame protocol the server speaks with it.
+
+This file runs in two places. Inside each sandbox it is the long-lived process
+that bwrap starts (``/usr/bin/python3 -I -S /.pandastack/agent.py FD LIMITS``):
+because it lives in the sandbox's namespaces, every exec and every file path it
+touches resolves inside the sandbox and nowhere else. On the host the server
+imports it only for the frame helpers, so it must stay stdlib-only and must not
+import anything from ``pandastack_local``.
+
+Protocol: one unix-socket connection per operation. Every message is a frame:
+``kind`` (1 byte) + ``length`` (4 bytes, big endian) + payload. The request is a
+JSON frame, optionally followed by DATA frames and an END frame; the reply is
+zero or more STDOUT/STDERR/DATA frames and one final JSON frame.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+JSON, STDOUT, STDERR, DATA, END = 0, 1, 2, 3, 4
+_HEADER = struct.Struct("!BI")
+MAX_FRAME = 1 << 20
+CHUNK = 64 * 1024
+# The exec's output is drained for this long after its shell exits, so a
+# background process that kept stdout open cannot hold the exec forever.
+DRAIN_GRACE_SECONDS = 0.3
+GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8"}
+# Top-level names that belong to the host's read-only system view or to the
+# kernel, never to the sandbox's own disk (skipped by the fork disk copy).
+NOT_DISK = {"proc", "dev", "sys", "usr", ".pandastack", ".pandastack-rootfs", "bin", "lib", "lib64", "sbin"}
+
+
+def pack(kind: int, payload: bytes) -> bytes:
+    return _HEADER.pack(kind, len(payload)) + payload
+
+
+def pack_json(obj: Any) -> bytes:
+    return pack(JSON, json.dumps(obj).encode())
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError("peer closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, bytes]:
+    kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if length > MAX_FRAME:
+        raise ValueError("frame too large")
+    return kind, _recv_exact(sock, length) if length else b""
+
+
+class FrameReader:
+    """File-like reader over DATA frames, ending at an END frame (for tarfile)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.done = False
+
+    def read(self, n: int = -1) -> bytes:
+        while not self.done and (n < 0 or len(self.buf) < n):
+            kind, payload = recv_frame(self.sock)
+            if kind == END:
+                self.done = True
+            elif kind == DATA:
+                self.buf += payload
+            else:
+                raise ValueError("unexpected frame")
+        if n < 0:
+            out, self.buf = self.buf, b""
+        else:
+            out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+class FrameWriter:
+    """File-like writer that sends DATA frames (for tarfile)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        for i in range(0, len(view), CHUNK):
+            self.sock.sendall(pack(DATA, bytes(view[i : i + CHUNK])))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Every process of this sandbox in session ``sid`` (the exec's tree)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(name))
+    return pids
+
+
+def _kill_tree(sid: int) -> None:
+    for _ in range(3):
+        pids = _session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+
+
+def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
+    timeout = float(req.get("timeout_seconds") or 0)
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", req["cmd"]],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=req.get("cwd") or "/root",
+        env=GUEST_ENV,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, STDOUT)
+    sel.register(proc.stderr, selectors.EVENT_READ, STDERR)
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    drain_until: float | None = None
+    timed_out = False
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if proc.poll() is not None and drain_until is None:
+                drain_until = now + DRAIN_GRACE_SECONDS
+            if drain_until is not None and now >= drain_until:
+                break
+            if deadline is not None and now >= deadline and proc.returncode is None:
+                timed_out = True
+                _kill_tree(proc.pid)
+                break
+            wait = 0.05
+            if deadline is not None:
+                wait = min(wait, max(deadline - now, 0.0))
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fd, CHUNK)
+                if chunk:
+                    sock.sendall(pack(key.data, chunk))
+                else:
+                    sel.unregister(key.fileobj)
+        if timed_out:
+            proc.wait()
+            sock.sendall(
+                pack_json(
+                    {
+                        "error": f"exec timeout: command exceeded timeout_seconds="
+                        f"{req.get('timeout_seconds')} and its process tree was killed",
+                        "timeout": True,
+                    }
+                )
+            )
+            return
+        proc.wait()
+        sock.sendall(pack_json({"exit_code": _exit_code(proc.returncode)}))
+    except OSError:
+        # The server went away (client disconnected): the exec dies with its request.
+        _kill_tree(proc.pid)
+        proc.wait()
+    finally:
+        sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _fs_error(op: str, path: str, exc: OSError) -> dict[str, Any]:
+    return {"error": f"{op} {path}: {exc.strerror}", "errno": errno.errorcode.get(exc.errno or 0, "")}
+
+
+def _entry(name: str, st: os.stat_result) -> dict[str, Any]:
+    return {
+        "name": name,
+        "is_dir": stat.S_ISDIR(st.st_mode),
+        "size": st.st_size,
+        "mode": stat.filemode(st.st_mode),
+        "mtime": int(st.st_mtime),
+    }
+
+
+def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
+    op, path = req["op"], req["path"]
+    try:
+        if op == "read":
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    sock.sendall(pack(DATA, chunk))
+            sock.sendall(pack_json({"ok": True}))
+        elif op == "write":
+            reader = FrameReader(sock)
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            written = 0
+            with open(path, "wb") as f:
+                while chunk := reader.read(CHUNK):
+                    f.write(chunk)
+                    written += len(chunk)
+            sock.sendall(pack_json({"ok": True, "bytes": written}))
+        elif op == "stat":
+            sock.sendall(
+                pack_json({"ok": True, "entry": _entry(os.path.basename(path) or "/", os.stat(path))})
+            )
+        elif op == "list":
+            entries = []
+            with os.scandir(path) as it:
+                for e in it:
+                    try:
+                        entries.append(_entry(e.name, e.stat()))
+                    except OSError:
+                        entries.append(_entry(e.name, e.stat(follow_symlinks=False)))
+            entries.sort(key=lambda e: e["name"])
+            sock.sendall(pack_json({"ok": True, "entries": entries}))
+        elif op == "delete":
+            _remove_all(path)
+            sock.sendall(pack_json({"ok": True}))
+        else:
+            sock.sendall(pack_json({"error": f"unknown fs op {op}"}))
+    except OSError as exc:
+        sock.sendall(pack_json(_fs_error(op, path, exc)))
+
+
+def _remove_all(path: str) -> None:
+    """Like Go's os.RemoveAll: a missing path is not an error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        import shutil
+
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def op_tar_out(sock: socket.socket, req: dict[str, Any]) -> None:
+    """Stream the sandbox's own disk (not the system view) as a tar."""
+    import tarfile
+
+    with tarfile.open(fileobj=FrameWriter(sock), mode="w|") as tar:  # type: ignore[call-overload]
+        for name in sorted(os.listdir("/")):
+            if name not in NOT_DISK:
+                tar.add("/" + name, arcname=name)
+    sock.sendall(pack(END, b""))
+    sock.sendall(pack_json({"ok": True}))
+
+
+def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
+    import tarfile
+
+    reader = FrameReader(sock)
+    with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
+        for member in tar:
+            if member.name.split("/")[0] in NOT_DISK:
+                continue
+            try:
+                tar.extract(member, "/", set_attrs=member.isdir() is False)
+            except OSError:
+                continue
+    reader.read()
+    sock.sendall(pack_json({"ok": True}))
+
+
+OPS = {"exec": op_exec, "tar_out": op_tar_out, "tar_in": op_tar_in}
+
+
+def handle(conn: socket.socket) -> None:
+    try:
+        _kind, payload = recv_frame(conn)
+        req = json.loads(payload)
+        if req.get("op") == "ping":
+            conn.sendall(pack_json({"ok": True, "pid": os.getpid()}))
+        elif req.get("op") in OPS:
+            OPS[req["op"]](conn, req)
+        else:
+            op_fs(conn, req)
+    except (EOFError, OSError, ValueError):
+        pass
+    except Exception as exc:  # noqa: BLE001  one bad request must not take the agent down
+        try:
+            conn.sendall(pack_json({"error": f"agent error: {type(exc).__name__}: {exc}"}))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def _setup(limits: dict[str, Any]) -> None:
+    """Prepare the sandbox's root before the first request is accepted."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: jobs cannot ptrace the agent
+    except (OSError, AttributeError):
+        pass
+    import resource
+
+    nofile = int(limits.get("nofile") or 0)
+    if nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    as_bytes = int(limits.get("as_bytes") or 0)
+    if as_bytes:  # no memory cgroup: a per-process address-space cap is the best left
+        resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
+    _copy_tree("/.pandastack/etc", "/etc")
+    if os.path.isdir("/.pandastack-rootfs"):
+        _copy_tree("/.pandastack-rootfs", "/")
+
+
+def _copy_tree(src: str, dst: str) -> None:
+    import shutil
+
+    for root, dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        target = dst if rel == "." else os.path.join(dst, rel)
+        os.makedirs(target, exist_ok=True)
+        for d in dirs:
+            s = os.path.join(root, d)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), os.path.join(target, d))
+        for f in files:
+            s = os.path.join(root, f)
+            if os.path.islink(s):
+                os.symlink(os.readlink(s), os.path.join(target, f))
+            else:
+                shutil.copy2(s, os.path.join(target, f))
+
+
+def main() -> None:
+    listen_fd = int(sys.argv[1])
+    limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    _setup(limits)
+    server = socket.socket(fileno=listen_fd)
+    server.set_inheritable(False)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

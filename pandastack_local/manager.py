@@ -1,0 +1,338 @@
+"""The sandbox registry: create, delete, capacity, TTL, fork, pause, and the warm pool.
+
+All spawning happens on the event-loop thread on purpose: bwrap's
+``--die-with-parent`` is tied to the thread that started it, and the loop thread
+lives as long as the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import agent_client, isolation
+from .cgroups import Cgroups
+from .config import ServerConfig
+from .templates import Template, template_registry
+
+log = logging.getLogger("pandastack_local")
+
+DEFAULT_TTL_SECONDS = 300
+MAX_FORK_COUNT = 16
+CAPACITY_RETRY_AFTER = "1"
+LOG_LINES = 2000
+READY_TIMEOUT_SECONDS = 15.0
+
+
+class ApiError(Exception):
+    """An error with the HTTP status and message the wire API promises."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class Sandbox:
+    id: str
+    template: Template
+    process: isolation.SandboxProcess
+    created: float
+    metadata: dict[str, str]
+    ttl_seconds: int | None
+    persistent: bool = False
+    boot_ms: int = 0
+    boot_mode: str = "cold"
+    status: str = "running"
+    last_active: float = field(default_factory=time.monotonic)
+    active_ops: int = 0
+    logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+
+    def to_json(self) -> dict[str, Any]:
+        if self.status in ("running", "paused") and not self.process.alive():
+            self.status = "failed"
+        return {
+            "id": self.id,
+            "template": self.template.name,
+            "cpu": self.template.cpu,
+            "memory_mb": self.template.memory_mb,
+            "status": self.status,
+            "guest_ip": None,
+            "boot_ms": self.boot_ms,
+            "boot_mode": self.boot_mode,
+            "created_at": rfc3339(self.created),
+            "metadata": {k: v for k, v in self.metadata.items() if not k.startswith("secret.")},
+            "from_snapshot": None,
+            "persistent": self.persistent,
+        }
+
+    def log(self, line: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        for part in line.splitlines() or [""]:
+            self.logs.append(f"{stamp} {part}")
+
+
+class SandboxManager:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.templates = template_registry(config.template_dirs)
+        self.state_dir = Path(config.state_dir).resolve()
+        self.sandboxes_dir = self.state_dir / "sandboxes"
+        instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
+        self.cgroups = Cgroups.detect(instance)
+        self.bwrap = isolation.bwrap_binary()
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.pending = 0
+        self.pending_memory_mb = 0
+        self.pool: dict[str, deque[isolation.SandboxProcess]] = {}
+        self._refilling: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started = time.time()
+
+    # ---- start-up and shutdown -------------------------------------------------
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        reaped = isolation.reap_leftovers(self.sandboxes_dir, self.cgroups)
+        if reaped:
+            log.warning("reaped %d sandbox(es) left by a previous run: %s", len(reaped), ", ".join(reaped))
+        self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
+        self.guest_dir = isolation.prepare_guest_dir(self.state_dir / "guest")
+        log.warning("isolation: %s", self.cgroups.summary())
+        for note in self.cgroups.notes:
+            log.warning("isolation: %s", note)
+        if "memory" in self.cgroups.missing:
+            log.warning(
+                "isolation: memory limit falls back to RLIMIT_AS per process (no OOM wall per sandbox)"
+            )
+        if "pids" in self.cgroups.missing:
+            log.warning("isolation: NO process-count limit: a fork bomb is not contained")
+        self._tasks.append(asyncio.create_task(self._ttl_loop()))
+        if self.config.pool_size > 0:
+            for name in ("code-interpreter", "base"):
+                self._schedule_refill(name)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        victims = [sb.process for sb in self.sandboxes.values()]
+        for pool in self.pool.values():
+            victims.extend(pool)
+        self.sandboxes.clear()
+        self.pool.clear()
+        for sp in victims:
+            await asyncio.to_thread(isolation.kill, sp, self.cgroups)
+        self.cgroups.reap_all()
+
+    # ---- lookup ---------------------------------------------------------------
+    def get(self, sandbox_id: str) -> Sandbox:
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise ApiError(404, "not found")
+        return sb
+
+    def running(self, sandbox_id: str) -> Sandbox:
+        sb = self.get(sandbox_id)
+        if sb.status == "paused":
+            raise ApiError(409, "sandbox is paused")
+        if not sb.process.alive():
+            sb.status = "failed"
+            raise ApiError(500, "sandbox is not running (its processes have exited)")
+        return sb
+
+    @contextlib.contextmanager
+    def activity(self, sb: Sandbox) -> Any:
+        """Mark the sandbox busy: the idle TTL counts from the end of its last request."""
+        sb.active_ops += 1
+        sb.last_active = time.monotonic()
+        try:
+            yield sb
+        finally:
+            sb.active_ops -= 1
+            sb.last_active = time.monotonic()
+
+    # ---- create / delete ------------------------------------------------------
+    def template(self, name: str) -> Template:
+        template = self.templates.get(name)
+        if template is None:
+            available = ", ".join(sorted(self.templates))
+            raise ApiError(500, f"unknown template {name!r}: available templates: {available}")
+        return template
+
+    def _admit(self, template: Template, count: int = 1) -> None:
+        limit = self.config.max_sandboxes
+        if limit is not None and len(self.sandboxes) + self.pending + count > limit:
+            raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})
+        budget = self.config.memory_budget_mb
+        if budget is not None:
+            used = sum(sb.template.memory_mb for sb in self.sandboxes.values()) + self.pending_memory_mb
+            need = template.memory_mb * count
+            if used + need > budget:
+                raise ApiError(
+                    507,
+                    f"insufficient host memory for sandbox: need {need} MB, "
+                    f"{max(budget - used, 0)} MB free of the {budget} MB budget",
+                )
+
+    async def create(
+        self,
+        template: Template,
+        metadata: dict[str, str],
+        ttl_seconds: int | None,
+        persistent: bool = False,
+    ) -> Sandbox:
+        self._admit(template)
+        self.pending += 1
+        self.pending_memory_mb += template.memory_mb
+        started = time.monotonic()
+        try:
+            process, mode = await self._take_process(template)
+        finally:
+            self.pending -= 1
+            self.pending_memory_mb -= template.memory_mb
+        sb = Sandbox(
+            id=process.name,
+            template=template,
+            process=process,
+            created=time.time(),
+            metadata=dict(metadata),
+            ttl_seconds=ttl_seconds,
+            persistent=persistent,
+            boot_ms=int((time.monotonic() - started) * 1000),
+            boot_mode=mode,
+        )
+        sb.log(f"sandbox {sb.id} created from template {template.name} ({mode})")
+        self.sandboxes[sb.id] = sb
+        return sb
+
+    async def _take_process(self, template: Template) -> tuple[isolation.SandboxProcess, str]:
+        pool = self.pool.get(template.name)
+        while pool:
+            process = pool.popleft()
+            self._schedule_refill(template.name)
+            if process.alive():
+                return process, "pool"
+            await asyncio.to_thread(isolation.kill, process, self.cgroups)
+        if self.config.pool_size > 0:
+            self._schedule_refill(template.name)
+        return await self._spawn_ready(template), "cold"
+
+    async def _spawn_ready(self, template: Template) -> isolation.SandboxProcess:
+        name = str(uuid.uuid4())
+        process = isolation.spawn(
+            name, template, self.sandboxes_dir, self.guest_dir, self.cgroups, self.bwrap
+        )
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while True:
+            try:
+                await agent_client.call(process.socket_path, {"op": "ping"})
+                return process
+            except agent_client.AgentUnavailable:
+                if not process.alive() or time.monotonic() > deadline:
+                    await asyncio.to_thread(isolation.kill, process, self.cgroups)
+                    raise ApiError(500, "sandbox failed to start (agent did not come up)") from None
+                await asyncio.sleep(0.005)
+
+    def _schedule_refill(self, name: str) -> None:
+        if self.config.pool_size <= 0 or name in self._refilling or name not in self.templates:
+            return
+        self._refilling.add(name)
+        self._tasks.append(asyncio.create_task(self._refill(name)))
+
+    async def _refill(self, name: str) -> None:
+        """Keep a few pre-started, fully limited, never-used sandboxes per template."""
+        try:
+            pool = self.pool.setdefault(name, deque())
+            while len(pool) < self.config.pool_size:
+                try:
+                    pool.append(await self._spawn_ready(self.templates[name]))
+                except ApiError:
+                    await asyncio.sleep(1)
+                    return
+        finally:
+            self._refilling.discard(name)
+
+    async def delete(self, sandbox_id: str) -> None:
+        sb = self.sandboxes.pop(sandbox_id, None)
+        if sb is None:
+            raise ApiError(404, "not found")
+        sb.status = "deleted"
+        await asyncio.to_thread(isolation.kill, sb.process, self.cgroups)
+
+    # ---- lifecycle ------------------------------------------------------------
+    def lifecycle(self, sb: Sandbox) -> dict[str, Any]:
+        idle = 0 if sb.active_ops else int(time.monotonic() - sb.last_active)
+        return {"ttl_seconds": sb.ttl_seconds or 0, "persistent": sb.persistent, "idle_seconds": idle}
+
+    async def _ttl_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ttl_scan_interval)
+            now = time.monotonic()
+            for sb in list(self.sandboxes.values()):
+                if sb.persistent or not sb.ttl_seconds or sb.active_ops:
+                    continue
+                if now - sb.last_active >= sb.ttl_seconds:
+                    log.warning(
+                        "sandbox %s idle for %ds > ttl %ds: deleting",
+                        sb.id,
+                        now - sb.last_active,
+                        sb.ttl_seconds,
+                    )
+                    with contextlib.suppress(ApiError):
+                        await self.delete(sb.id)
+
+    # ---- pause / resume -------------------------------------------------------
+    async def pause(self, sb: Sandbox, paused: bool) -> None:
+        if not sb.process.alive():
+            raise ApiError(500, "sandbox is not running (its processes have exited)")
+        if not self.cgroups.freeze(sb.id, paused):
+            sig = signal.SIGSTOP if paused else signal.SIGCONT
+            for pid in isolation.host_descendants(sb.process.pid):
+                with contextlib.suppress(OSError):
+                    import os
+
+                    os.kill(pid, sig)
+        sb.status = "paused" if paused else "running"
+        sb.log("paused" if paused else "resumed")
+
+    # ---- fork -----------------------------------------------------------------
+    async def fork(self, parent: Sandbox, count: int) -> list[Sandbox]:
+        """Cold fork: new sandboxes from the same template with a copy of the parent's disk."""
+        if count < 1 or count > MAX_FORK_COUNT:
+            raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}")
+        self._admit(parent.template, count)
+        children: list[Sandbox] = []
+        try:
+            for _ in range(count):
+                child = await self.create(parent.template, {"forked_from": parent.id}, ttl_seconds=None)
+                child.boot_mode = "fork"
+                children.append(child)
+                await agent_client.copy_disk(parent.process.socket_path, child.process.socket_path)
+                child.log(f"forked from {parent.id} (disk copied)")
+        except (agent_client.AgentUnavailable, agent_client.AgentError) as exc:
+            for child in children:
+                with contextlib.suppress(ApiError):
+                    await self.delete(child.id)
+            raise ApiError(500, f"fork failed: {exc}") from exc
+        except BaseException:
+            for child in children:
+                with contextlib.suppress(ApiError):
+                    await self.delete(child.id)
+            raise
+        parent.log(f"forked into {', '.join(c.id for c in children)}")
+        return children

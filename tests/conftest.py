@@ -1,0 +1,67 @@
+"""Shared fixtures: a real pandastack-local server, SDK clients, and a leak guard.
+
+- ``local_server``: one LocalServer (subprocess, real isolation) for the session.
+- ``ps_client``: a fresh ``pandastack.Client`` pointed at it.
+- ``make_local_server(**opts)``: a private server with special options
+  (max_sandboxes=1, a short ttl_scan_interval, template_dirs, ...), closed after the test.
+- leak guard (in effect for every test that uses ``local_server``): after the test,
+  the server must hold zero sandboxes; leftovers are deleted and the test fails
+  naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pandastack_local import LocalServer
+
+
+@pytest.fixture(scope="session")
+def local_server() -> Iterator[LocalServer]:
+    with LocalServer() as server:
+        yield server
+
+
+@pytest.fixture
+def ps_client(local_server: LocalServer) -> Any:
+    return local_server.client()
+
+
+@pytest.fixture
+def make_local_server() -> Iterator[Callable[..., LocalServer]]:
+    servers: list[LocalServer] = []
+
+    def factory(**opts: Any) -> LocalServer:
+        server = LocalServer(**opts)
+        servers.append(server)
+        return server.start()
+
+    yield factory
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_sandboxes(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "local_server" not in request.fixturenames:
+        yield
+        return
+    server: LocalServer = request.getfixturevalue("local_server")
+    yield
+    if not server.running():
+        return
+    client = server.client()
+    leftovers = client.sandboxes.list()
+    if not leftovers:
+        return
+    names = []
+    for sb in leftovers:
+        names.append(f"{sb.id} (template={sb.template}, metadata={sb.metadata})")
+        try:
+            client.sandboxes.delete(sb.id)
+        except Exception:  # already gone is fine: the failure below names it anyway
+            pass
+    pytest.fail(f"test left {len(leftovers)} sandbox(es) on the local server: " + "; ".join(names))
