@@ -1,0 +1,44 @@
+"""Prefect blocks and tasks that run each job in its own throwaway PandaStack sandbox.
+
+::
+
+    from prefect import flow
+    from prefect_blocks import run_in_sandbox
+
+    @flow
+    def transform(rows):
+        return run_in_sandbox(command="python3 run.py", files={"run.py": CODE}, input={"rows": rows})
+
+The lifecycle, failure classification and orphan reaping are
+``pandastack_jobs``'; this package translates them into Prefect blocks, tasks,
+retries, hooks and artifacts. Registered with ``prefect block register -m prefect_blocks``
+and the ``prefect.collections`` entry point.
+"""
+
+from __future__ import annotations
+
+from .cleanup import sandbox_cleanup_hook, sweep_flow_run
+from .credentials import PandaStackCredentials
+from .errors import SandboxJobFailed
+from .forkpool import WarmParent, run_in_fork, warm_pool
+from .retries import Backoff, make_retry_condition, retry_on_redeliver
+from .sandbox import PandaStackSandbox, PandaStackSandboxRun
+from .tasks import arun_in_sandbox, run_in_sandbox, sandbox_task
+
+__all__ = [
+    "Backoff",
+    "PandaStackCredentials",
+    "PandaStackSandbox",
+    "PandaStackSandboxRun",
+    "SandboxJobFailed",
+    "WarmParent",
+    "arun_in_sandbox",
+    "make_retry_condition",
+    "retry_on_redeliver",
+    "run_in_fork",
+    "run_in_sandbox",
+    "sandbox_cleanup_hook",
+    "sandbox_task",
+    "sweep_flow_run",
+    "warm_pool",
+]

@@ -1,0 +1,86 @@
+"""Where PandaStack is and how to reach it: the credentials block.
+
+The block only holds connection settings; the SDK client comes from
+:class:`pandastack_jobs.ConnectionConfig`, the same place every adapter gets
+it, so capacity refusals are recorded for redelivery delays.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandastack
+from prefect.blocks.abstract import CredentialsBlock
+from pydantic import Field, SecretStr
+
+from pandastack_jobs import ConnectionConfig, Redactor
+from pandastack_jobs.connection import DEFAULT_REQUEST_TIMEOUT
+
+LOGO_URL = "https://avatars.githubusercontent.com/u/39270919?s=200&v=4"
+DOCS_URL = "https://github.com/pandastack-io/pandastack-workflows/blob/main/docs/prefect.md"
+
+
+class PandaStackCredentials(CredentialsBlock):
+    """Connection settings for a PandaStack server: API key, API URL and the create-retry budget.
+
+    Left empty, the API key and URL fall back to the SDK's environment
+    (``PANDASTACK_API_KEY``, ``PANDASTACK_API``) on the machine that runs the task.
+    """
+
+    _block_type_name = "PandaStack Credentials"
+    _block_type_slug = "pandastack-credentials"
+    _logo_url = LOGO_URL  # type: ignore[assignment]
+    _documentation_url = DOCS_URL  # type: ignore[assignment]
+    _description = "API key and URL of a PandaStack server, for running jobs in throwaway sandboxes."
+    _code_example = """
+    ```python
+    from prefect_blocks import PandaStackCredentials
+
+    pandastack_credentials_block = PandaStackCredentials.load("BLOCK_NAME")
+    client = pandastack_credentials_block.get_client()
+    ```
+    """
+
+    api_key: Optional[SecretStr] = Field(
+        default=None,
+        title="API key",
+        description="PandaStack API token (pds_...); empty means the PANDASTACK_API_KEY variable.",
+    )
+    api_url: Optional[str] = Field(
+        default=None,
+        title="API URL",
+        description="Base URL of the PandaStack API; empty means PANDASTACK_API or the hosted platform.",
+        examples=["https://api.pandastack.ai", "http://localhost:8080"],
+    )
+    max_create_retry_seconds: Optional[float] = Field(
+        default=None,
+        ge=0,
+        title="Create-retry budget (seconds)",
+        description=(
+            "How long the SDK keeps retrying a sandbox create refused for capacity before the job is "
+            "redelivered; empty means the SDK default (60)."
+        ),
+    )
+    request_timeout: float = Field(
+        default=DEFAULT_REQUEST_TIMEOUT,
+        gt=0,
+        title="Request timeout (seconds)",
+        description="Timeout of one HTTP request to the API (job execs wait longer, up to the job timeout).",
+    )
+
+    def connection_config(self) -> ConnectionConfig:
+        """The engine-agnostic connection settings the core runs jobs with."""
+        return ConnectionConfig(
+            api_url=self.api_url or None,
+            api_key=self.api_key.get_secret_value() if self.api_key else None,
+            request_timeout=self.request_timeout,
+            max_create_retry_seconds=self.max_create_retry_seconds,
+        )
+
+    def get_client(self) -> pandastack.Client:
+        """A new PandaStack SDK client (one per job: clients are not shared across threads)."""
+        return self.connection_config().client()
+
+    def redactor(self) -> Redactor:
+        """A redactor that masks this block's API key (and anything shaped like a token)."""
+        return Redactor([self.api_key.get_secret_value() if self.api_key else None])

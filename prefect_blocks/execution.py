@@ -1,0 +1,218 @@
+"""Running one job from inside a Prefect run: the translation layer every entry point shares.
+
+It names the attempt (so the core reaps earlier attempts), waits out a
+redelivery delay, holds an optional global concurrency slot, streams the job's
+redacted output to the run logger, calls the core lifecycle, and turns the
+outcome into artifacts and either a return value or a :class:`SandboxJobFailed`.
+The lifecycle itself (create, deliver, exec, collect, delete) is the core's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pandastack
+from prefect.context import TaskRunContext
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_logger, get_run_logger
+
+from pandastack_jobs import Classifier, JobHandle, JobOutcome, JobSpec, Redactor, run_job
+from pandastack_jobs.lifecycle import OutputCallback
+
+from .artifacts import publish_dead_letter, publish_outcome
+from .credentials import PandaStackCredentials
+from .errors import SandboxJobFailed
+from .keys import artifact_key, current_job_key, fingerprint
+from .retries import wait_for_redelivery
+
+MAX_LOGGED_LINES = 2000
+LINE_MAX_CHARS = 2000
+
+Runner = Callable[..., JobOutcome]
+"""``runner(client, spec, *, on_created, on_output, handle, redactor) -> JobOutcome``."""
+
+
+def run_logger() -> Any:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return get_logger("prefect_blocks")
+
+
+class LineLogger:
+    """Feeds a job's streamed output to a logger line by line, up to a cap per stream."""
+
+    def __init__(self, log: Any, max_lines: int = MAX_LOGGED_LINES) -> None:
+        self.log = log
+        self.max_lines = max_lines
+        self.partial: dict[str, str] = {"stdout": "", "stderr": ""}
+        self.count: dict[str, int] = {"stdout": 0, "stderr": 0}
+
+    def __call__(self, stream: str, chunk: str) -> None:
+        text = self.partial.get(stream, "") + chunk
+        *lines, rest = text.split("\n")
+        self.partial[stream] = rest[-LINE_MAX_CHARS:]
+        for line in lines:
+            self._emit(stream, line)
+
+    def _emit(self, stream: str, line: str) -> None:
+        n = self.count.get(stream, 0) + 1
+        self.count[stream] = n
+        if n <= self.max_lines:
+            level = logging.WARNING if stream == "stderr" else logging.INFO
+            self.log.log(level, "[%s] %s", stream, line[:LINE_MAX_CHARS])
+        elif n == self.max_lines + 1:
+            self.log.info("[%s] ... more output not logged (the tail is kept in the outcome)", stream)
+
+    def flush(self) -> None:
+        for stream, rest in self.partial.items():
+            if rest:
+                self._emit(stream, rest)
+        self.partial = {"stdout": "", "stderr": ""}
+
+
+@dataclass
+class JobRequest:
+    """Everything one job needs, gathered from a block, a task's arguments and the run context."""
+
+    command: str
+    files: Mapping[str, Any] = field(default_factory=dict)
+    input: Any = None
+    credentials: Optional[PandaStackCredentials] = None
+    template: str = "code-interpreter"
+    timeout: float = 300.0
+    ttl: Optional[int] = None
+    result_path: Optional[str] = "/work/result.json"
+    collect: Sequence[str] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    permanent_exit_codes: Sequence[int] = ()
+    retry_on_timeout: bool = True
+    concurrency_limit: Optional[str] = None
+    publish_artifacts: bool = True
+    job_name: Optional[str] = None
+    artifact_key: Optional[str] = None
+
+    def credentials_or_default(self) -> PandaStackCredentials:
+        return self.credentials if self.credentials is not None else PandaStackCredentials()
+
+    def name(self) -> str:
+        if self.job_name:
+            return self.job_name
+        ctx = TaskRunContext.get()
+        return ctx.task.name if ctx is not None else "pandastack-job"
+
+    def spec(self) -> JobSpec:
+        """The core's job spec, keyed to the current attempt."""
+        fp = fingerprint(self.command, self.files, self.input, self.template)
+        return JobSpec(
+            command=self.command,
+            files=dict(self.files),
+            input=self.input,
+            result_path=self.result_path,
+            collect=tuple(self.collect),
+            template=self.template,
+            timeout=self.timeout,
+            ttl=self.ttl,
+            metadata=dict(self.metadata),
+            env=dict(self.env),
+            key=current_job_key(self.name(), fp),
+            classifier=Classifier(
+                permanent_exit_codes=frozenset(self.permanent_exit_codes),
+                retry_on_timeout=self.retry_on_timeout,
+            ),
+        )
+
+
+@contextlib.contextmanager
+def concurrency_slot(name: Optional[str], log: Any) -> Iterator[None]:
+    """Hold one slot of Prefect global concurrency limit ``name`` (no-op without a name)."""
+    if not name:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    log.debug("pandastack: waiting for a slot of concurrency limit %r", name)
+    with concurrency(name, occupy=1):
+        yield
+
+
+def execute(
+    request: JobRequest,
+    *,
+    handle: Optional[JobHandle] = None,
+    runner: Optional[Runner] = None,
+    wait_for_retry: bool = True,
+) -> JobOutcome:
+    """Run ``request`` in one fresh sandbox; return the outcome or raise :class:`SandboxJobFailed`."""
+    log = run_logger()
+    task_ctx = TaskRunContext.get()
+    if wait_for_retry and task_ctx is not None:
+        wait_for_redelivery(task_ctx.task_run.id, log)
+    spec = request.spec()
+    credentials = request.credentials_or_default()
+    redactor = credentials.redactor()
+    client: pandastack.Client = credentials.get_client()
+    redactor.add(getattr(client, "api_key", None))
+    handle = handle or JobHandle()
+    lines = LineLogger(log)
+    on_output: OutputCallback = lines
+
+    def on_created(sandbox_id: str) -> None:
+        attempt = spec.key.try_number if spec.key else "-"
+        log.info(
+            "pandastack: job running in sandbox %s (template %s, attempt %s)",
+            sandbox_id,
+            spec.template,
+            attempt,
+        )
+
+    run = runner or run_job
+    with concurrency_slot(request.concurrency_limit, log):
+        try:
+            outcome = run(
+                client, spec, on_created=on_created, on_output=on_output, handle=handle, redactor=redactor
+            )
+        except BaseException:
+            # A signal, a cancellation or a bug: the core's teardown may not have run.
+            handle.cancel()
+            raise
+        finally:
+            lines.flush()
+    return finish(request, spec, outcome, redactor, log)
+
+
+def finish(
+    request: JobRequest, spec: JobSpec, outcome: JobOutcome, redactor: Redactor, log: Any
+) -> JobOutcome:
+    """Publish artifacts and translate the outcome: return it on success, raise otherwise."""
+    key = request.artifact_key or artifact_key(request.name())
+    if outcome.teardown_error:
+        log.warning(
+            "pandastack: sandbox %s not deleted (TTL will reap it): %s",
+            outcome.sandbox_id,
+            outcome.teardown_error,
+        )
+    if outcome.ok:
+        log.info(
+            "pandastack: job succeeded in %.1fs (sandbox %s deleted)",
+            outcome.timings.total,
+            outcome.sandbox_id,
+        )
+        if request.publish_artifacts:
+            attempt = f"{spec.key.job_id}/{spec.key.try_number}" if spec.key else "adhoc"
+            prefix = f"pandastack/{attempt}"
+            publish_outcome(outcome, key, redactor, storage_prefix=prefix)
+        return outcome
+    error = SandboxJobFailed.from_outcome(outcome)
+    if outcome.dead_letter:
+        log.error("pandastack: job dead-lettered (no retry): %s", outcome.reason)
+        if request.publish_artifacts:
+            publish_dead_letter(outcome, key, redactor, command=request.command, template=request.template)
+    else:
+        log.warning("pandastack: job failed, redeliverable: %s", outcome.reason)
+    raise error

@@ -1,0 +1,110 @@
+"""Warm-fork pools in flows: warm one parent once, run every job in its own fork.
+
+``warm_pool(...)`` is a context manager for the flow body: it creates the
+parent sandbox, runs the expensive warm-up in it once, yields a
+:class:`WarmParent` to pass to tasks, and deletes the parent (and any fork a
+crashed job left) when the block exits, even if jobs failed.
+``run_in_fork`` is a task: one job in a fresh fork of the parent, deleted
+afterwards, retried as redelivery like :func:`~prefect_blocks.run_in_sandbox`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from prefect import task
+
+from pandastack_jobs import JobOutcome, WarmPool
+
+from .credentials import PandaStackCredentials
+from .errors import SandboxJobFailed
+from .execution import JobRequest, execute, run_logger
+from .sandbox import PandaStackSandbox
+from .tasks import TASK_OPTIONS, build_request
+
+DEFAULT_PARENT_TTL = 3600
+
+
+@dataclass(frozen=True)
+class WarmParent:
+    """A warmed parent sandbox (JSON-safe to pass to tasks)."""
+
+    parent_id: str
+    warmup_result: Any = None
+
+
+@contextmanager
+def warm_pool(
+    command: str,
+    files: Optional[Mapping[str, Any]] = None,
+    input: Any = None,
+    *,
+    sandbox: Optional[PandaStackSandbox] = None,
+    credentials: Optional[PandaStackCredentials] = None,
+    parent_ttl: int = DEFAULT_PARENT_TTL,
+    **overrides: Any,
+) -> Iterator[WarmParent]:
+    """Create a parent sandbox, run the warm-up ``command`` in it once, and yield it for forking.
+
+    Raises :class:`SandboxJobFailed` if the warm-up fails (the parent is deleted then).
+    """
+    request = build_request(command, files, input, sandbox, credentials, "warm-up", None, overrides)
+    creds = request.credentials_or_default()
+    client = creds.get_client()
+    log = run_logger()
+    pool = WarmPool(client, request.spec(), parent_ttl=parent_ttl, redactor=creds.redactor())
+    try:
+        parent_id = pool.start_parent()
+    except Exception as exc:
+        outcome: Optional[JobOutcome] = getattr(exc, "outcome", None)
+        if outcome is not None:
+            raise SandboxJobFailed.from_outcome(outcome) from None
+        raise
+    try:
+        warm = pool.warmup_outcome
+        log.info("pandastack: warm parent %s ready (warm-up ran once)", parent_id)
+        yield WarmParent(parent_id=parent_id, warmup_result=warm.result if warm else None)
+    finally:
+        pool.close()
+        log.info("pandastack: warm parent %s and its forks deleted", parent_id)
+
+
+def _fork_runner(parent_id: str) -> Any:
+    def run(client: Any, spec: Any, **kwargs: Any) -> JobOutcome:
+        return WarmPool.attach(client, parent_id, redactor=kwargs.pop("redactor", None)).run(spec, **kwargs)
+
+    return run
+
+
+@task(name="run_in_fork", **TASK_OPTIONS)
+def run_in_fork(
+    parent: WarmParent,
+    command: str,
+    files: Optional[Mapping[str, Any]] = None,
+    input: Any = None,
+    *,
+    sandbox: Optional[PandaStackSandbox] = None,
+    credentials: Optional[PandaStackCredentials] = None,
+    timeout: Optional[float] = None,
+    result_path: Optional[str] = None,
+    collect: Optional[Sequence[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    permanent_exit_codes: Optional[Sequence[int]] = None,
+    job_name: Optional[str] = None,
+    artifact_key: Optional[str] = None,
+) -> Any:
+    """Run one job in a fresh fork of ``parent`` (from :func:`warm_pool`) and return its JSON result."""
+    overrides = {
+        "timeout": timeout,
+        "result_path": result_path,
+        "collect": list(collect) if collect is not None else None,
+        "env": dict(env) if env is not None else None,
+        "permanent_exit_codes": list(permanent_exit_codes) if permanent_exit_codes is not None else None,
+    }
+    request: JobRequest = build_request(
+        command, files, input, sandbox, credentials, job_name, artifact_key, overrides
+    )
+    return execute(request, runner=_fork_runner(parent.parent_id)).result

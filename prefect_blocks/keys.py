@@ -1,0 +1,81 @@
+"""Naming a job attempt from the Prefect run context, so retries reap what earlier attempts left.
+
+The job is named by flow name, flow run id, task name and a fingerprint of
+what it runs (Prefect's own dynamic keys are random, so they cannot name the
+same job across a re-run of the flow run). The attempt folds the flow run's
+attempt and the task run's attempt together:
+``try_number = flow_run_count * 1000 + task_run_count``, so both a task retry
+and a retried flow run (after a killed worker) have a higher attempt than any
+sandbox they should reap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from prefect.context import FlowRunContext, TaskRunContext
+
+from pandastack_jobs import JobKey
+
+ENGINE = "prefect"
+FLOW_ATTEMPT_FACTOR = 1000
+_KEY_CHARS = re.compile(r"[^a-z0-9-]+")
+
+
+def fingerprint(
+    command: str, files: Optional[Mapping[str, Any]] = None, input: Any = None, template: str = ""
+) -> str:
+    """A short stable hash of what a job runs (its command, files, input and template)."""
+    digest = hashlib.sha256()
+    digest.update(command.encode())
+    digest.update(b"\x1f" + template.encode())
+    for path in sorted(files or {}):
+        content = (files or {})[path]
+        if isinstance(content, Path):
+            data = content.read_bytes()
+        elif isinstance(content, str):
+            data = content.encode()
+        else:
+            data = bytes(content)
+        digest.update(b"\x1e" + path.encode() + b"\x1f" + hashlib.sha256(data).digest())
+    digest.update(b"\x1d" + json.dumps(input, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:12]
+
+
+def current_job_key(job_name: str, fingerprint_: str) -> Optional[JobKey]:
+    """The key of the current attempt, or None outside a flow run (no reaping then)."""
+    flow_ctx = FlowRunContext.get()
+    task_ctx = TaskRunContext.get()
+    flow_run = flow_ctx.flow_run if flow_ctx else None
+    if flow_run is None:
+        return None
+    flow_name = flow_ctx.flow.name if flow_ctx and flow_ctx.flow else str(flow_run.flow_id)
+    task_attempt = 1
+    if task_ctx is not None:
+        task_attempt = max(1, task_ctx.task_run.run_count)
+    flow_attempt = max(1, flow_run.run_count)
+    return JobKey(
+        engine=ENGINE,
+        workflow=flow_name,
+        task=f"{job_name}:{fingerprint_}",
+        run=str(flow_run.id),
+        try_number=flow_attempt * FLOW_ATTEMPT_FACTOR + task_attempt,
+    )
+
+
+def flow_run_key(flow_name: str, flow_run_id: str) -> JobKey:
+    """A key whose ``run_id`` names every job of one flow run (for sweeps)."""
+    return JobKey(engine=ENGINE, workflow=flow_name, task="-", run=flow_run_id)
+
+
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key from ``parts``: lowercase letters, digits and dashes only."""
+    text = "-".join(p for p in parts if p)
+    slug = _KEY_CHARS.sub("-", text.lower()).strip("-")
+    slug = re.sub(r"-{2,}", "-", slug)
+    return slug[:200].strip("-") or "pandastack-job"

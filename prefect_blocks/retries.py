@@ -1,0 +1,127 @@
+"""Retries as redelivery: retry only what a fresh sandbox can fix, after a jittered delay.
+
+Prefect asks ``retry_condition_fn(task, task_run, state)`` whether a failed run
+may retry. :func:`retry_on_redeliver` answers yes only for a
+:class:`~prefect_blocks.errors.SandboxJobFailed` that the core classified as
+redeliverable (non-zero exit, timeout, lost sandbox, network, capacity);
+dead-lettered jobs (permanent exit codes, a missing or invalid result, auth,
+bad requests) and anything that is not a sandbox failure fail at once.
+
+The delay is ours, not Prefect's: Prefect computes a task's retry delays once
+per task, so every mapped task would wake together. When the condition says
+yes it records, for that task run, an exponential delay with full jitter that
+is never shorter than the server's capacity ``Retry-After``; the next attempt
+waits that long before it reaps and creates. Prefect's own delay is left at 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+from uuid import UUID
+
+from .errors import SandboxJobFailed
+from .settings import get_settings
+
+logger = logging.getLogger("prefect_blocks")
+
+_lock = threading.Lock()
+_pending: dict[UUID, float] = {}
+_uniform = random.uniform
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter: attempt n waits in [base*2^(n-1)*(1-jitter), base*2^(n-1)]."""
+
+    base: float = 2.0
+    cap: float = 300.0
+    jitter: float = 0.5
+
+    def delay(self, retry_number: int, retry_after: Optional[float] = None) -> float:
+        """The wait before retry ``retry_number`` (1 = first retry), at least ``retry_after``."""
+        ceiling = min(self.cap, self.base * (2 ** max(0, retry_number - 1)))
+        delay = _uniform(ceiling * (1 - self.jitter), ceiling) if ceiling > 0 else 0.0
+        if retry_after is not None:
+            # Capacity: never sooner than the server asked, plus a little spread.
+            delay = max(delay, retry_after + _uniform(0, max(1.0, retry_after * 0.2)))
+        return delay
+
+
+def default_backoff() -> Backoff:
+    """The backoff from the integration settings (``PREFECT_INTEGRATIONS_PANDASTACK_RETRY_*``)."""
+    settings = get_settings()
+    return Backoff(base=settings.retry_base_seconds, cap=settings.retry_max_seconds)
+
+
+def failure_of(state: Any) -> Optional[BaseException]:
+    """The exception a Failed state carries (Prefect passes it as ``state.data``), if any."""
+    data = getattr(state, "data", None)
+    if isinstance(data, BaseException):
+        return data
+    try:
+        value = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - a state we cannot read is not ours to retry
+        return None
+    return value if isinstance(value, BaseException) else None
+
+
+def make_retry_condition(backoff: Optional[Backoff] = None) -> Any:
+    """A ``retry_condition_fn`` that retries only redeliverable sandbox failures.
+
+    ``backoff`` defaults to :func:`default_backoff`, read when a failure happens.
+    """
+
+    def retry_on_redeliver(task: Any, task_run: Any, state: Any) -> bool:
+        exc = failure_of(state)
+        if not isinstance(exc, SandboxJobFailed):
+            return False
+        if not exc.redeliver:
+            logger.info("pandastack: dead-lettered, not retrying: %s", exc.message)
+            return False
+        retry_number = max(1, int(getattr(task_run, "run_count", 1) or 1))
+        delay = (backoff or default_backoff()).delay(retry_number, exc.retry_after)
+        with _lock:
+            _pending[task_run.id] = delay
+        return True
+
+    retry_on_redeliver.__name__ = "retry_on_redeliver"
+    return retry_on_redeliver
+
+
+retry_on_redeliver = make_retry_condition()
+"""The default ``retry_condition_fn`` of :func:`~prefect_blocks.run_in_sandbox` and ``@sandbox_task``."""
+
+
+def take_redelivery_delay(task_run_id: Optional[UUID]) -> float:
+    """The delay recorded for this task run's next attempt (0 if none), forgetting it."""
+    if task_run_id is None:
+        return 0.0
+    with _lock:
+        return _pending.pop(task_run_id, 0.0)
+
+
+def wait_for_redelivery(task_run_id: Optional[UUID], log: Any = None) -> float:
+    """Sleep for the recorded redelivery delay of this task run; return how long."""
+    delay = take_redelivery_delay(task_run_id)
+    if delay > 0:
+        if log is not None:
+            log.info("pandastack: redelivering in a fresh sandbox after %.1fs", delay)
+        time.sleep(delay)
+    return delay
+
+
+async def await_redelivery(task_run_id: Optional[UUID], log: Any = None) -> float:
+    """Async form of :func:`wait_for_redelivery`."""
+    import anyio
+
+    delay = take_redelivery_delay(task_run_id)
+    if delay > 0:
+        if log is not None:
+            log.info("pandastack: redelivering in a fresh sandbox after %.1fs", delay)
+        await anyio.sleep(delay)
+    return delay

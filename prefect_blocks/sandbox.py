@@ -1,0 +1,277 @@
+"""The sandbox job block: one throwaway PandaStack sandbox per triggered job.
+
+``PandaStackSandbox`` holds how a job runs (template, timeout, TTL, result
+path, collected files, metadata, permanent exit codes, timeout policy);
+``trigger()`` starts one job in a fresh sandbox and returns a
+:class:`PandaStackSandboxRun` to ``wait_for_completion()`` and
+``fetch_result()``. Used as a context manager, the block cancels (deletes the
+sandbox of) every run still going when the ``with`` block exits, whatever the
+reason; each run deletes its own sandbox when it ends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Mapping
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any, Optional
+
+from prefect._internal.compatibility.async_dispatch import async_dispatch
+from prefect.blocks.abstract import JobBlock, JobRun
+from pydantic import Field, PrivateAttr
+
+from pandastack_jobs import RESULT_PATH, JobHandle, JobOutcome
+from pandastack_jobs.spec import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT
+
+from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials
+from .errors import SandboxJobFailed
+from .execution import JobRequest, execute
+
+
+class PandaStackSandboxRun(JobRun[Any]):
+    """One job running in its own sandbox (started by :meth:`PandaStackSandbox.trigger`)."""
+
+    def __init__(self, request: JobRequest) -> None:
+        self.request = request
+        self.handle = JobHandle()
+        self.outcome: Optional[JobOutcome] = None
+        self.error: Optional[BaseException] = None
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self._run,), name="pandastack-job", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.outcome = execute(self.request, handle=self.handle, wait_for_retry=False)
+        except SandboxJobFailed as exc:
+            self.error = exc
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller in fetch_result
+            self.error = exc
+
+    @property
+    def sandbox_id(self) -> Optional[str]:
+        """The sandbox the job runs in, once it exists."""
+        return self.handle.sandbox_id
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        """Stop the job: its sandbox is deleted now, and the run ends as cancelled."""
+        self.handle.cancel()
+
+    def _wait(self, timeout: Optional[float] = None) -> None:
+        self._thread.join(timeout)
+
+    async def await_for_completion(self) -> None:
+        import anyio
+
+        try:
+            await anyio.to_thread.run_sync(self._thread.join, abandon_on_cancel=True)
+        except BaseException:
+            self.cancel()
+            raise
+
+    @async_dispatch(await_for_completion)
+    def wait_for_completion(self) -> None:  # type: ignore[override]
+        """Block until the job ended (its sandbox is deleted by then)."""
+        try:
+            self._wait()
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def afetch_result(self) -> Any:
+        await self.await_for_completion()
+        return self._result()
+
+    @async_dispatch(afetch_result)
+    def fetch_result(self) -> Any:  # type: ignore[override]
+        """The job's JSON result; raises :class:`SandboxJobFailed` if the job failed."""
+        self.wait_for_completion(_sync=True)  # type: ignore[call-arg]
+        return self._result()
+
+    def _result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        assert self.outcome is not None
+        return self.outcome.result
+
+
+class PandaStackSandbox(JobBlock[Any]):
+    """Runs a command in a fresh PandaStack sandbox per job and brings back its JSON result.
+
+    Every job gets its own microVM: created with a TTL backstop and metadata naming
+    the attempt, given its files and JSON input, run under a hard timeout enforced
+    inside the guest, its result read back, and deleted, always.
+    """
+
+    _block_type_name = "PandaStack Sandbox"
+    _block_type_slug = "pandastack-sandbox"
+    _logo_url = LOGO_URL  # type: ignore[assignment]
+    _documentation_url = DOCS_URL  # type: ignore[assignment]
+    _description = "Runs a job in a throwaway PandaStack sandbox (microVM) and returns its JSON result."
+    _code_example = """
+    ```python
+    from prefect_blocks import PandaStackSandbox
+
+    pandastack_sandbox_block = PandaStackSandbox.load("BLOCK_NAME")
+    run = pandastack_sandbox_block.trigger(command="python3 run.py", files={"run.py": code})
+    run.wait_for_completion()
+    result = run.fetch_result()
+    ```
+    """
+
+    credentials: PandaStackCredentials = Field(
+        default_factory=PandaStackCredentials,
+        description="Where the PandaStack server is and the API key to use.",
+    )
+    command: Optional[str] = Field(
+        default=None,
+        description="Shell command the job runs in /work; trigger(command=...) overrides it.",
+        examples=["python3 run.py"],
+    )
+    template: str = Field(
+        default=DEFAULT_TEMPLATE, description="Sandbox template (image and size) to create the sandbox from."
+    )
+    timeout: float = Field(
+        default=DEFAULT_TIMEOUT,
+        gt=0,
+        description="Hard job timeout in seconds, enforced inside the sandbox (the job is killed after it).",
+    )
+    ttl: Optional[int] = Field(
+        default=None,
+        description="Idle TTL backstop of the sandbox in seconds; empty means the timeout plus 60 seconds.",
+    )
+    result_path: Optional[str] = Field(
+        default=RESULT_PATH,
+        description="Where the job writes its JSON result (empty: the job has no result file).",
+    )
+    collect: list[str] = Field(
+        default_factory=list,
+        description="Extra files read back on success (.md/.html: markdown artifacts; others: links).",
+    )
+    metadata: dict[str, str] = Field(
+        default_factory=dict, description="Extra metadata on every sandbox (the job's own keys always win)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables of the job (never the orchestrator's own)."
+    )
+    permanent_exit_codes: list[int] = Field(
+        default_factory=list,
+        description="Job exit codes that mean the input can never succeed: dead-lettered, never retried.",
+    )
+    retry_on_timeout: bool = Field(
+        default=True, description="Whether a job that ran out of time is redelivered (else dead-lettered)."
+    )
+    concurrency_limit: Optional[str] = Field(
+        default=None,
+        description="Name of a Prefect global concurrency limit that caps live sandboxes (one slot per job).",
+    )
+    publish_artifacts: bool = Field(
+        default=True, description="Whether results, reports and dead-letters are published as artifacts."
+    )
+
+    _runs: list[PandaStackSandboxRun] = PrivateAttr(default_factory=list)
+    _exit_stack: Optional[ExitStack] = PrivateAttr(default=None)
+
+    def request(
+        self,
+        command: Optional[str] = None,
+        *,
+        files: Optional[Mapping[str, Any]] = None,
+        input: Any = None,
+        job_name: Optional[str] = None,
+        artifact_key: Optional[str] = None,
+        **overrides: Any,
+    ) -> JobRequest:
+        """The job this block runs, with per-call ``overrides`` of its fields."""
+        fields = {
+            name: getattr(self, name)
+            for name in type(self).model_fields
+            if name not in ("credentials", "command")
+        }
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(fields) - set(JobRequest.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"unknown sandbox option(s): {sorted(unknown)}")
+        command = command or self.command
+        if not command:
+            raise ValueError("command: no command given; set it on the block or pass trigger(command=...)")
+        return JobRequest(
+            command=command,
+            files=dict(files or {}),
+            input=input,
+            credentials=self.credentials,
+            job_name=job_name,
+            artifact_key=artifact_key,
+            **fields,
+        )
+
+    def _start(self, request: JobRequest) -> PandaStackSandboxRun:
+        run = PandaStackSandboxRun(request)
+        self._runs.append(run)
+        if self._exit_stack is not None:
+            self._exit_stack.callback(run.cancel)
+        return run
+
+    async def atrigger(
+        self,
+        command: Optional[str] = None,
+        *,
+        files: Optional[Mapping[str, Any]] = None,
+        input: Any = None,
+        **overrides: Any,
+    ) -> PandaStackSandboxRun:
+        return self._start(self.request(command, files=files, input=input, **overrides))
+
+    @async_dispatch(atrigger)
+    def trigger(  # type: ignore[override]
+        self,
+        command: Optional[str] = None,
+        *,
+        files: Optional[Mapping[str, Any]] = None,
+        input: Any = None,
+        **overrides: Any,
+    ) -> PandaStackSandboxRun:
+        """Start one job in a fresh sandbox; returns its run (call ``wait_for_completion()``)."""
+        return self._start(self.request(command, files=files, input=input, **overrides))
+
+    def run(
+        self,
+        command: Optional[str] = None,
+        *,
+        files: Optional[Mapping[str, Any]] = None,
+        input: Any = None,
+        **overrides: Any,
+    ) -> Any:
+        """Run one job to its end in this thread and return its JSON result (or raise)."""
+        outcome = execute(self.request(command, files=files, input=input, **overrides))
+        return outcome.result
+
+    def close(self) -> None:
+        """Cancel every run this block started that is still going (their sandboxes are deleted)."""
+        for run in self._runs:
+            if not run.done:
+                run.cancel()
+        self._runs = [r for r in self._runs if not r.done]
+
+    def __enter__(self) -> PandaStackSandbox:
+        self._exit_stack = ExitStack()
+        self._exit_stack.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._exit_stack = self._exit_stack, None
+        try:
+            if stack is not None:
+                stack.__exit__(exc_type, exc, tb)
+        finally:
+            self.close()
