@@ -102,6 +102,9 @@ def bwrap_argv(
     argv = [
         bwrap,
         "--unshare-all",
+        "--unshare-user",
+        # No nested user namespaces: they would hand the job capabilities again.
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop",
@@ -115,6 +118,13 @@ def bwrap_argv(
         *_system_dir_args(),
         "--proc",
         "/proc",
+        # Guest root is host uid 0 without capabilities: sysctls and sysrq must be read-only.
+        "--ro-bind",
+        "/proc/sys",
+        "/proc/sys",
+        "--ro-bind-try",
+        "/proc/sysrq-trigger",
+        "/proc/sysrq-trigger",
         "--dev",
         "/dev",
         "--perms",
