@@ -1,0 +1,135 @@
+"""Capacity refusals (and the SDK's create retry), fork, TTL reaping, crash and restart."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pandastack
+import pytest
+
+
+def test_503_is_retried_by_the_sdk_until_capacity_frees(make_local_server) -> None:
+    server = make_local_server(max_sandboxes=1, pool_size=0)
+    retries = []
+    client = server.client(max_create_retry_seconds=20, on_create_retry=retries.append)
+    held = client.sandboxes.create()
+    threading.Timer(1.5, lambda: client.sandboxes.delete(held.id)).start()
+    started = time.monotonic()
+    second = client.sandboxes.create()
+    assert time.monotonic() - started >= 1.0
+    assert retries and retries[0].status_code == 503 and retries[0].error == "no compute capacity available"
+    assert retries[0].retry_after_seconds is not None
+    second.kill()
+
+
+def test_503_surfaces_when_the_budget_runs_out(make_local_server) -> None:
+    server = make_local_server(max_sandboxes=1, pool_size=0)
+    client = server.client(max_create_retry_seconds=0)
+    held = client.sandboxes.create()
+    try:
+        with pytest.raises(pandastack.ServerError, match="no compute capacity available"):
+            client.sandboxes.create()
+    finally:
+        held.kill()
+
+
+def test_507_memory_budget(make_local_server) -> None:
+    server = make_local_server(memory_budget_mb=3000, pool_size=0)
+    retries = []
+    client = server.client(max_create_retry_seconds=20, on_create_retry=retries.append)
+    held = client.sandboxes.create()  # 2048 MB of the 3000 MB budget
+    threading.Timer(1.0, lambda: client.sandboxes.delete(held.id)).start()
+    second = client.sandboxes.create()
+    assert retries and retries[0].status_code == 507
+    assert retries[0].error.startswith("insufficient host memory for sandbox")
+    no_retry = server.client(max_create_retry_seconds=0)
+    with pytest.raises(pandastack.ServerError, match="insufficient host memory"):
+        no_retry.sandboxes.create()
+    second.kill()
+
+
+def test_fork_copies_disk_not_processes(ps_client, local_server) -> None:
+    parent = ps_client.sandboxes.create(metadata={"role": "parent"})
+    children = []
+    try:
+        parent.filesystem.write("/work/state.json", b'{"warm": true}')
+        parent.exec("mkdir -p /opt/data && echo cached > /opt/data/c.txt")
+        parent.exec("nohup sleep 5555 >/dev/null 2>&1 &")
+        child = parent.fork(metadata={"ignored": "yes"})
+        children.append(child)
+        assert child.id != parent.id
+        fetched = ps_client.sandboxes.get(child.id)
+        assert fetched.metadata == {"forked_from": parent.id}
+        assert child.filesystem.read("/work/state.json") == b'{"warm": true}'
+        assert child.exec("cat /opt/data/c.txt").stdout == "cached\n"
+        assert "sleep 5555" not in child.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+        # Cold-fork children have no TTL until someone sets one.
+        assert child.lifecycle()["ttl_seconds"] == 0
+        assert child.set_ttl(60)["ttl_seconds"] == 60
+        # The copy is independent.
+        child.filesystem.write("/work/state.json", b"child")
+        assert parent.filesystem.read("/work/state.json") == b'{"warm": true}'
+        tree = parent.fork_tree(3)
+        children.extend(tree)
+        assert len({c.id for c in tree}) == 3
+        for c in tree:
+            assert c.filesystem.read("/work/state.json") == b'{"warm": true}'
+        with pytest.raises(pandastack.BadRequestError):
+            parent.fork_tree(17)
+    finally:
+        for c in children:
+            c.kill()
+        parent.kill()
+
+
+def test_ttl_reaps_idle_sandboxes_and_activity_resets_it(make_local_server) -> None:
+    server = make_local_server(ttl_scan_interval=0.2, pool_size=0)
+    client = server.client()
+    idle = client.sandboxes.create(ttl_seconds=1)
+    busy = client.sandboxes.create(ttl_seconds=1)
+    no_ttl_child = busy.fork()
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        busy.exec("true")
+        time.sleep(0.3)
+    ids = {s.id for s in client.sandboxes.list()}
+    assert idle.id not in ids
+    assert busy.id in ids and no_ttl_child.id in ids
+    assert not (server.state_dir / "sandboxes" / idle.id).exists()
+    busy.kill()
+    no_ttl_child.kill()
+
+
+def _pids_with(text: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" "):
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def test_crash_kills_sandboxes_and_restart_reaps_leftovers(make_local_server) -> None:
+    server = make_local_server(pool_size=1)
+    client = server.client()
+    sb = client.sandboxes.create()
+    sb.exec("nohup sleep 6666 >/dev/null 2>&1 &")
+    assert _pids_with("sleep 6666")
+    old_pid, port = server.pid, server.port
+    server.restart()
+    assert server.pid != old_pid and server.port == port
+    deadline = time.monotonic() + 5
+    while _pids_with("sleep 6666") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pids_with("sleep 6666"), "sandbox survived its server's crash"
+    assert not (server.state_dir / "sandboxes" / sb.id).exists()
+    assert not [p for p in Path("/sys/fs/cgroup").glob(f"*/**/{sb.id}")]
+    assert client.sandboxes.list() == []
+    with client.sandboxes.create() as fresh:
+        assert fresh.exec("echo back").stdout == "back\n"
