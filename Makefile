@@ -45,6 +45,12 @@ test: lint typecheck test-airflow test-prefect
 test-reliability: venvs
 	$(AF)/bin/python -m pytest -q tests/reliability $(PYTEST_ARGS)
 
+# Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
+# with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
+# Installs what is missing; stops everything it started, whatever happens.
+test-e2e: venvs
+	e2e/run.sh $(PYTEST_ARGS)
+
 demo: venvs
 	$(AF)/bin/python -m pandastack_local.demo
 
