@@ -1,0 +1,121 @@
+"""Airflow 3.3 on PostgreSQL with CeleryExecutor (Redis), api-server, scheduler,
+dag-processor, triggerer and two Celery workers, against the local PandaStack server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .airflow_stack import WORKERS, AirflowStack, start_airflow
+from .procs import ProcessGroup, descendants, wait_for
+from .services import REPO, PandaStack, Postgres, Redis
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def airflow(group: ProcessGroup, postgres: Postgres, redis: Redis, pandastack: PandaStack) -> Iterator[AirflowStack]:
+    stack = start_airflow(group, postgres, redis, pandastack)
+    try:
+        yield stack
+    finally:
+        for proc in [p for p in group.procs if p.name.startswith("airflow-")]:
+            proc.stop()
+
+
+def airflow_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
+    out = []
+    for sb in ps.sandboxes():
+        meta = sb.get("metadata") or {}
+        if meta.get("job_engine") == "airflow" and all(meta.get(k) == v for k, v in match.items()):
+            out.append(sb)
+    return out
+
+
+def test_topology_is_up(airflow: AirflowStack, group: ProcessGroup) -> None:
+    for name in ("api-server", "scheduler", "dag-processor", "triggerer", *WORKERS):
+        assert group.get(f"airflow-{name}").alive(), f"airflow {name} is not running"
+    health = airflow.request("GET", "/monitor/health")
+    assert health["metadatabase"]["status"] == "healthy", health
+    assert health["scheduler"]["status"] == "healthy", health
+
+
+def test_deferrable_operator_completes_through_the_triggerer(airflow: AirflowStack, pandastack: PandaStack) -> None:
+    airflow.wait_dag("e2e_deferrable")
+    run_id = airflow.trigger("e2e_deferrable")
+    seen: set[str] = set()
+
+    def state() -> str:
+        ti = airflow.task_instance("e2e_deferrable", run_id, "deferred_job")
+        seen.add(str(ti["state"]))
+        return str(ti["state"])
+
+    wait_for("deferred_job to finish", state, timeout=240, interval=0.5,
+             check=lambda s: s in ("success", "failed", "upstream_failed"))
+    dag_run = airflow.wait_run("e2e_deferrable", run_id, timeout=60)
+    assert dag_run["state"] == "success", dag_run
+    assert "deferred" in seen, f"the task never deferred (states seen: {seen})"
+    assert airflow.xcom("e2e_deferrable", run_id, "deferred_job") == {"value": 100, "slept": 8}
+    assert airflow_sandboxes(pandastack, job_run=run_id) == []
+
+
+def test_celery_worker_killed_mid_job_retries_on_the_other_worker(
+    airflow: AirflowStack, pandastack: PandaStack
+) -> None:
+    dag_id, task_id = "e2e_worker_kill", "slow_job"
+    airflow.wait_dag(dag_id)
+    run_id = airflow.trigger(dag_id)
+
+    # Wait until the job is running inside its sandbox on one of the workers.
+    ti = wait_for(
+        "slow_job to run on a worker", lambda: airflow.task_instance(dag_id, run_id, task_id),
+        timeout=180, interval=0.5, check=lambda t: t["state"] == "running" and t.get("hostname") in WORKERS,
+    )
+    victim = ti["hostname"]
+    survivor = next(w for w in WORKERS if w != victim)
+    orphan = wait_for("the first attempt's sandbox", lambda: airflow_sandboxes(
+        pandastack, job_run=run_id, job_task=task_id), timeout=60, interval=0.5)
+    assert len(orphan) == 1 and orphan[0]["metadata"]["job_try"] == "1", orphan
+    orphan_id = orphan[0]["id"]
+    time.sleep(3)  # the job is now sleeping inside the sandbox
+
+    # The machine dies: SIGKILL the worker and every process under it.
+    proc = airflow.workers[victim]
+    for pid in descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.kill_group(signal.SIGKILL)
+    proc.popen.wait(timeout=10)
+    killed_at = time.monotonic()
+
+    dag_run = airflow.wait_run(dag_id, run_id, timeout=300)
+    assert dag_run["state"] == "success", dag_run
+
+    tries = airflow.tries(dag_id, run_id, task_id)
+    by_try = {t["try_number"]: t for t in tries}
+    assert by_try[1]["hostname"] == victim and by_try[1]["state"] != "success", tries
+    final = airflow.task_instance(dag_id, run_id, task_id)
+    assert final["state"] == "success" and final["try_number"] >= 2, final
+    assert final["hostname"] == survivor, final
+    # The orphan was reaped by the retry, well before its TTL backstop could have fired.
+    assert orphan_id not in {sb["id"] for sb in pandastack.sandboxes()}
+    assert time.monotonic() - killed_at < 180
+    # Delivered once: one result in XCom, consumed once downstream.
+    assert airflow.xcom(dag_id, run_id, task_id) == {"value": 42, "slept": 20}
+    keys = [e["key"] for e in airflow.xcom_entries(dag_id, run_id, task_id)]
+    assert keys.count("return_value") == 1, keys
+    consume = airflow.task_instance(dag_id, run_id, "consume")
+    assert consume["state"] == "success" and consume["try_number"] == 1, consume
+    assert airflow.xcom(dag_id, run_id, "consume") == {"value": 42, "slept": 20}
+    assert airflow_sandboxes(pandastack, job_run=run_id) == []
+
+
+def test_no_airflow_sandbox_left(airflow: AirflowStack, pandastack: PandaStack) -> None:
+    assert airflow_sandboxes(pandastack) == []
