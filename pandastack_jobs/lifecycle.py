@@ -230,6 +230,10 @@ class JobRun:
             if kind is None:
                 self._finish_teardown()
                 raise
+            if kind is FailureKind.SERVER_ERROR and self.sandbox is not None:
+                # A 5xx mid-job is often the sandbox dying under it: say so when it is gone.
+                if not _sandbox_exists(self.client, self.sandbox.id):
+                    kind = FailureKind.SANDBOX_LOST
             outcome_kw.update(self._failure(kind, exc, step, outcome_kw.get("exit_code")))
         teardown_error = self._finish_teardown()
         self.times["total"] = time.monotonic() - started
@@ -331,10 +335,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def _sandbox_exists(client: pandastack.Client, sandbox_id: str) -> bool:
+    """False only when the server says the sandbox is gone (an unreachable server proves nothing)."""
     try:
         client.sandboxes.get(sandbox_id)
     except pandastack.NotFoundError:
         return False
+    except (pandastack.PandastackError, OSError):
+        return True
     return True
 
 
