@@ -1,0 +1,84 @@
+"""Helpers to run real DAGs with ``dag.test()`` and read back what Airflow recorded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+
+def register(dag: Any) -> None:
+    """Serialize ``dag`` into the metadata DB (what the DAG processor would do)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    empty = Path(os.environ["AIRFLOW_HOME"]) / "dags"
+    bag = DagBag(dag_folder=str(empty))
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+
+
+def run_dag(dag: Any, **kwargs: Any) -> Any:
+    """Register and run one DagRun of ``dag`` in this process; return the DagRun."""
+    register(dag)
+    return dag.test(**kwargs)
+
+
+def task_instances(dr: Any) -> dict[tuple[str, int], Any]:
+    """``{(task_id, map_index): TaskInstance}`` of a DagRun, fresh from the DB."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
+        ).all()
+        for ti in tis:
+            session.expunge(ti)
+    return {(ti.task_id, ti.map_index): ti for ti in tis}
+
+
+def xcom(dr: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
+    """The XCom value a task instance pushed (None when absent)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            select(XComModel).where(
+                XComModel.dag_id == dr.dag_id,
+                XComModel.run_id == dr.run_id,
+                XComModel.task_id == task_id,
+                XComModel.map_index == map_index,
+                XComModel.key == key,
+            )
+        ).first()
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def all_xcom_text(dr: Any) -> str:
+    """Every XCom value and rendered template field of the run, as one text (for leak checks)."""
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        values = [
+            str(row.value)
+            for row in session.scalars(
+                select(XComModel).where(XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id)
+            )
+        ]
+        values += [
+            str(row.rendered_fields)
+            for row in session.scalars(
+                select(RenderedTaskInstanceFields).where(
+                    RenderedTaskInstanceFields.dag_id == dr.dag_id,
+                    RenderedTaskInstanceFields.run_id == dr.run_id,
+                )
+            )
+        ]
+    return "\n".join(values)
