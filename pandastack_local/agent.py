@@ -42,6 +42,10 @@ GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/r
 NOT_DISK = {"proc", "dev", "sys", "usr", ".pandastack", ".pandastack-rootfs", "bin", "lib", "lib64", "sbin"}
 
 
+# Read-only binds inside the sandbox's own tree (not part of its disk either).
+NOT_DISK_PATHS = {"etc/alternatives"}
+
+
 def pack(kind: int, payload: bytes) -> bytes:
     return _HEADER.pack(kind, len(payload)) + payload
 
@@ -277,10 +281,13 @@ def op_tar_out(sock: socket.socket, req: dict[str, Any]) -> None:
     """Stream the sandbox's own disk (not the system view) as a tar."""
     import tarfile
 
+    def own_disk(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.name in NOT_DISK_PATHS else info
+
     with tarfile.open(fileobj=FrameWriter(sock), mode="w|") as tar:  # type: ignore[call-overload]
         for name in sorted(os.listdir("/")):
             if name not in NOT_DISK:
-                tar.add("/" + name, arcname=name)
+                tar.add("/" + name, arcname=name, filter=own_disk)
     sock.sendall(pack(END, b""))
     sock.sendall(pack_json({"ok": True}))
 
@@ -291,7 +298,7 @@ def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
     reader = FrameReader(sock)
     with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
         for member in tar:
-            if member.name.split("/")[0] in NOT_DISK:
+            if member.name.split("/")[0] in NOT_DISK or member.name.startswith("etc/alternatives"):
                 continue
             try:
                 tar.extract(member, "/", set_attrs=member.isdir() is False)

@@ -64,7 +64,7 @@ def _rmdir_tree(path: Path) -> None:
         return
     for child in sorted((p for p in path.iterdir() if p.is_dir()), reverse=True):
         _rmdir_tree(child)
-    for _ in range(50):
+    for attempt in range(200):
         try:
             path.rmdir()
             return
@@ -72,7 +72,7 @@ def _rmdir_tree(path: Path) -> None:
             return
         except OSError:
             _kill_procs(path)
-            time.sleep(0.02)
+            time.sleep(0.002 if attempt < 50 else 0.02)
 
 
 def _kill_procs(path: Path) -> None:

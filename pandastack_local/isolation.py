@@ -64,7 +64,7 @@ def prepare_guest_dir(path: Path) -> Path:
     if Path("/etc/ld.so.cache").exists():
         shutil.copyfile("/etc/ld.so.cache", etc / "ld.so.cache")
     if Path("/etc/alternatives").is_dir():
-        shutil.copytree("/etc/alternatives", etc / "alternatives", symlinks=True)
+        shutil.copytree("/etc/alternatives", path / "alternatives", symlinks=True)
     return path
 
 
@@ -145,6 +145,8 @@ def bwrap_argv(
         str(guest_dir),
         "/.pandastack",
     ]
+    if (guest_dir / "alternatives").is_dir():
+        argv += ["--ro-bind", str(guest_dir / "alternatives"), "/etc/alternatives"]
     if template.rootfs is not None:
         argv += ["--ro-bind", str(template.rootfs), "/.pandastack-rootfs"]
     argv += [

@@ -255,13 +255,22 @@ class SandboxManager:
         self._tasks.append(asyncio.create_task(self._refill(name)))
 
     async def _refill(self, name: str) -> None:
-        """Keep a few pre-started, fully limited, never-used sandboxes per template."""
+        """Keep a few pre-started, fully limited, never-used sandboxes per template.
+
+        Missing ones start together: most of a start is waiting for bwrap and
+        the agent's interpreter, which overlaps well even on two cores.
+        """
         try:
             pool = self.pool.setdefault(name, deque())
             while len(pool) < self.config.pool_size:
-                try:
-                    pool.append(await self._spawn_ready(self.templates[name]))
-                except ApiError:
+                want = self.config.pool_size - len(pool)
+                results = await asyncio.gather(
+                    *(self._spawn_ready(self.templates[name]) for _ in range(want)), return_exceptions=True
+                )
+                for result in results:
+                    if isinstance(result, isolation.SandboxProcess):
+                        pool.append(result)
+                if any(isinstance(r, BaseException) for r in results):
                     await asyncio.sleep(1)
                     return
         finally:

@@ -18,6 +18,9 @@ def test_create_exec_fs_delete(ps_client) -> None:
 
         result = sb.exec("echo out; echo err >&2; exit 3")
         assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)
+        # The guest has python3 and coreutils (and Debian's alternatives, e.g. awk), and `timeout`.
+        tools = sb.exec("echo a b | awk '{print $2}'; timeout 5 true && echo timeout-ok; python3 -V")
+        assert tools.stdout.startswith("b\ntimeout-ok\nPython 3"), tools
 
         assert sb.filesystem.write("/work/in/data.json", b'{"rows": [1, 2]}') == {
             "path": "/work/in/data.json",

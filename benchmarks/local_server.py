@@ -1,0 +1,124 @@
+"""Latency of pandastack-local through the real SDK over HTTP (a benchmark, not a test).
+
+Run: ``python -m benchmarks.local_server [--n 200] [--concurrent 50]``. Writes
+``benchmarks/results/local_server.json`` and prints a table. Measures, per sandbox,
+create / exec ``true`` / delete and the full create->exec->delete, both with the
+server's warm pool (the default: a few pre-started, fully limited, never-reused
+sandboxes per template) and with the pool disabled (every create cold-starts
+bwrap and the agent), then N sandboxes alive at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pandastack_local import LocalServer
+
+RESULTS = Path(__file__).parent / "results" / "local_server.json"
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(pct(values, 50), 2),
+        "p99_ms": round(pct(values, 99), 2),
+        "mean_ms": round(statistics.fmean(values), 2),
+    }
+
+
+def sequential(client: Any, n: int, pause: float) -> dict[str, Any]:
+    timings: dict[str, list[float]] = {"create": [], "exec_true": [], "delete": [], "full": []}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sb = client.sandboxes.create(template="base")
+        t1 = time.perf_counter()
+        result = sb.exec("true")
+        t2 = time.perf_counter()
+        client.sandboxes.delete(sb.id)
+        t3 = time.perf_counter()
+        assert result.exit_code == 0
+        timings["create"].append((t1 - t0) * 1000)
+        timings["exec_true"].append((t2 - t1) * 1000)
+        timings["delete"].append((t3 - t2) * 1000)
+        timings["full"].append((t3 - t0) * 1000)
+        if pause:
+            time.sleep(pause)
+    return {k: summary(v) for k, v in timings.items()}
+
+
+def concurrent(client: Any, n: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        sandboxes = list(pool.map(lambda _: client.sandboxes.create(template="base"), range(n)))
+    t1 = time.perf_counter()
+    alive = len(client.sandboxes.list())
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outs = list(pool.map(lambda sb: sb.exec("echo $$ > /work/pid; cat /work/pid").exit_code, sandboxes))
+    t2 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda sb: client.sandboxes.delete(sb.id), sandboxes))
+    t3 = time.perf_counter()
+    return {
+        "sandboxes": n,
+        "alive_at_once": alive,
+        "all_exec_ok": all(code == 0 for code in outs),
+        "create_all_s": round(t1 - t0, 3),
+        "exec_all_s": round(t2 - t1, 3),
+        "delete_all_s": round(t3 - t2, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--cold-n", type=int, default=50)
+    parser.add_argument("--concurrent", type=int, default=50)
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "python": platform.python_version(),
+            "load_avg_at_start": os.getloadavg(),
+        },
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with LocalServer(max_sandboxes=args.concurrent + 10) as server:
+        client = server.client()
+        sequential(client, 10, 0)  # warm-up
+        results["warm_pool"] = {"n": args.n, **sequential(client, args.n, 0)}
+        results["concurrent"] = concurrent(client, args.concurrent)
+    with LocalServer(pool_size=0) as server:
+        client = server.client()
+        results["cold"] = {"n": args.cold_n, **sequential(client, args.cold_n, 0)}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"pandastack-local latency ({results['machine']['cpus']} CPUs), ms; full = create+exec+delete")
+    print(f"{'mode':<10} {'n':>4} {'op':<10} {'p50':>8} {'p99':>8} {'mean':>8}")
+    for mode in ("warm_pool", "cold"):
+        for op in ("create", "exec_true", "delete", "full"):
+            s = results[mode][op]
+            n = results[mode]["n"]
+            print(f"{mode:<10} {n:>4} {op:<10} {s['p50_ms']:>8} {s['p99_ms']:>8} {s['mean_ms']:>8}")
+    c = results["concurrent"]
+    print(
+        f"concurrent: {c['alive_at_once']}/{c['sandboxes']} alive at once, exec ok={c['all_exec_ok']}, "
+        f"create all {c['create_all_s']}s, exec all {c['exec_all_s']}s, delete all {c['delete_all_s']}s"
+    )
+    print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
