@@ -8,13 +8,23 @@ import json
 import os
 import socket
 
+SECRET_MARKERS = (b"PANDASTACK", b"AIRFLOW", b"PREFECT", b"pds_")
 probes = {}
-probes["env_has_api_key"] = any("PANDASTACK" in k or "AIRFLOW" in k or "PREFECT" in k for k in os.environ)
-for path in ("/root/airflow", "/root/.prefect", "/etc/shadow", "/proc/1/environ"):
+probes["env_has_secrets"] = any(m.decode() in k + v for k, v in os.environ.items() for m in SECRET_MARKERS)
+for path in ("/root/airflow", "/root/.prefect", "/etc/shadow"):
     try:
         probes[f"read:{path}"] = bool(os.listdir(path) if os.path.isdir(path) else open(path, "rb").read(64))
     except OSError:
         probes[f"read:{path}"] = False
+# Every process's environment this job can see: any orchestrator secret there is a breach.
+leaked = False
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        continue
+    leaked = leaked or any(m in environ for m in SECRET_MARKERS)
+probes["proc_environ_has_secrets"] = leaked
 probes["host_processes_visible"] = len([p for p in os.listdir("/proc") if p.isdigit()]) > 50
 for port in (8080, 4200, 5432, 6379):
     s = socket.socket()

@@ -1,0 +1,28 @@
+"""Where the example job code lives (the files shipped into the sandboxes).
+
+``jobs/`` sits next to ``dags/`` in this repository; set ``PANDASTACK_EXAMPLE_JOBS``
+when the DAG folder is deployed elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", Path(__file__).resolve().parent.parent / "jobs"))
+REPORTS_URL = os.environ.get("PANDASTACK_REPORTS_URL", "file:///tmp/pandastack-reports")
+# An Airflow pool bounds how many sandboxes these DAGs keep alive at once:
+#   airflow pools set pandastack_sandboxes 4 "live PandaStack sandboxes"
+SANDBOX_POOL = os.environ.get("PANDASTACK_AIRFLOW_POOL", "pandastack_sandboxes")
+HOSTILE_EXIT_CODE = 3  # the escape probe exits 3 when it breached anything: dead-letter it
+
+
+def tenant_files() -> dict[str, Path]:
+    """``{tenant: code file}`` for every tenant transform shipped with the examples."""
+    return {p.stem: p for p in sorted((JOBS_DIR / "tenants").glob("*.py"))}
+
+
+def tenant_rows(tenant: str) -> list[dict[str, float]]:
+    """A small deterministic input per tenant."""
+    seed = sum(map(ord, tenant))
+    return [{"id": i, "amount": round(5 + (seed * (i + 3)) % 240 + i / 10, 2)} for i in range(1, 21)]

@@ -1,0 +1,38 @@
+"""Daily orders report, rendered in a throwaway sandbox.
+
+The CSV and the renderer are shipped into a fresh sandbox; the markdown report
+comes back to object storage (``PANDASTACK_REPORTS_URL``, local ``file://`` by
+default) and the JSON summary to XCom.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from _jobs import JOBS_DIR, REPORTS_URL, SANDBOX_POOL
+from airflow.sdk import DAG
+
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+
+with DAG(
+    dag_id="pandastack_scheduled_report",
+    schedule="0 6 * * *",
+    start_date=pendulum.datetime(2026, 11, 1, tz="Europe/Amsterdam"),
+    catchup=False,
+    tags=["pandastack", "example"],
+    doc_md=__doc__,
+) as dag:
+    PandaStackSandboxOperator(
+        task_id="render_report",
+        command="python3 render_report.py",
+        files={
+            "render_report.py": JOBS_DIR / "report" / "render_report.py",
+            "orders.csv": JOBS_DIR / "report" / "orders.csv",
+        },
+        input={"date": "{{ ds }}"},
+        collect=["report.md"],
+        object_storage_path=REPORTS_URL + "/{{ dag.dag_id }}/{{ ds }}",
+        xcom_max_bytes=0,  # the report always goes to object storage; XCom holds its path
+        timeout=120,
+        retries=2,
+        pool=SANDBOX_POOL,
+    )
