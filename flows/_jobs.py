@@ -1,0 +1,20 @@
+"""Where the example job code lives, and the tenants' inputs (shared with ``dags/``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", Path(__file__).resolve().parent.parent / "jobs"))
+HOSTILE_EXIT_CODE = 3  # the escape probe exits 3 when it breached anything: dead-letter it
+
+
+def tenant_files() -> dict[str, Path]:
+    """``{tenant: code file}`` for every tenant transform shipped with the examples."""
+    return {p.stem: p for p in sorted((JOBS_DIR / "tenants").glob("*.py"))}
+
+
+def tenant_rows(tenant: str) -> list[dict[str, float]]:
+    """A small deterministic input per tenant."""
+    seed = sum(map(ord, tenant))
+    return [{"id": i, "amount": round(5 + (seed * (i + 3)) % 240 + i / 10, 2)} for i in range(1, 21)]
