@@ -236,6 +236,12 @@ class Cgroups:
         for d in self.dirs(name):
             _rmdir_tree(d)
 
+    def remove_bases(self) -> None:
+        """Shutdown: remove this server's (now empty) per-instance base cgroups."""
+        for base in set(self.bases.values()):
+            with contextlib.suppress(OSError):
+                base.rmdir()
+
     def reap_all(self) -> list[str]:
         """Remove every sandbox cgroup a previous run of this server left behind."""
         names: set[str] = set()

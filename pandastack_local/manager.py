@@ -138,6 +138,7 @@ class SandboxManager:
         for sp in victims:
             await asyncio.to_thread(isolation.kill, sp, self.cgroups)
         self.cgroups.reap_all()
+        self.cgroups.remove_bases()
 
     # ---- lookup ---------------------------------------------------------------
     def get(self, sandbox_id: str) -> Sandbox:
