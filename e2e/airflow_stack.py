@@ -57,7 +57,7 @@ def airflow_env(run_dir: Path, pg: Postgres, redis: Redis, ps: PandaStack, api_p
         "AIRFLOW__API_AUTH__JWT_SECRET": base64.urlsafe_b64encode(os.urandom(32)).decode(),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url("airflow"),
         "AIRFLOW__CELERY__BROKER_URL": redis.url,
-        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url("airflow").replace("+psycopg2", ""),
+        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url("airflow"),
         "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4",
         "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
         "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
@@ -69,7 +69,8 @@ def airflow_env(run_dir: Path, pg: Postgres, redis: Redis, ps: PandaStack, api_p
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "5",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__TRIGGERER__DEFAULT_CAPACITY": "100",
+        "AIRFLOW__TRIGGERER__CAPACITY": "100",
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
         # The PandaStack connection, from the environment-variable secrets backend.
         "AIRFLOW_CONN_PANDASTACK_DEFAULT": json.dumps(conn),
         "E2E_PANDASTACK_URL": ps.url,
@@ -205,9 +206,11 @@ def start_airflow(group: ProcessGroup, pg: Postgres, redis: Redis, ps: PandaStac
     group.start("airflow-triggerer", [airflow, "triggerer", "--skip-serve-logs"], env=env)
     for name in WORKERS:
         stack.start_worker(name)
-    wait_for("the Airflow API server", stack.token, timeout=180, interval=2,
+    airflow_procs = [p for p in group.procs if p.name.startswith("airflow-")]
+    abort = lambda: next((f"{p.name} exited" for p in airflow_procs if not p.alive()), None)  # noqa: E731
+    wait_for("the Airflow API server", stack.token, timeout=180, interval=2, abort=abort,
              on_timeout=lambda: group.get("airflow-api-server").tail())
-    wait_for("two Celery workers to be up", lambda: _celery_ping(env), timeout=180, interval=3,
+    wait_for("two Celery workers to be up", lambda: _celery_ping(env), timeout=180, interval=3, abort=abort,
              check=lambda names: all(any(n.startswith(w + "@") for n in names) for w in WORKERS),
              on_timeout=lambda: "\n".join(group.get(f"airflow-{w}").tail(30) for w in WORKERS))
     return stack

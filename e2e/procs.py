@@ -58,10 +58,12 @@ def wait_for(
     interval: float = 0.5,
     check: Callable[[T], bool] = bool,
     on_timeout: Callable[[], str] | None = None,
+    abort: Callable[[], str | None] | None = None,
 ) -> T:
     """Poll ``probe`` until ``check(value)`` holds; raise :class:`WaitTimeout` after ``timeout`` s.
 
     Exceptions from ``probe`` count as "not yet" (the last one is reported).
+    ``abort`` returning a message ends the wait at once (e.g. the awaited process died).
     """
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -74,6 +76,9 @@ def wait_for(
                 return last
         except Exception as exc:  # noqa: BLE001 - "not yet"
             last_exc = exc
+        fatal = abort() if abort else None
+        if fatal:
+            raise WaitTimeout(f"gave up waiting for {what}: {fatal}")
         if time.monotonic() >= deadline:
             extra = on_timeout() if on_timeout else ""
             detail = f"last error: {last_exc!r}" if last_exc else f"last value: {last!r}"

@@ -58,6 +58,8 @@ except OSError:
     ours = set()
 procs = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
     try:
         env = open(f"/proc/{pid}/environ", "rb").read()
     except OSError:
