@@ -82,3 +82,36 @@ def all_xcom_text(dr: Any) -> str:
             )
         ]
     return "\n".join(values)
+
+
+def run_next_try(dag: Any, run_id: str, task_id: str, map_index: int = -1) -> Any:
+    """Run the next try of a task instance whose worker died, as the scheduler would.
+
+    The scheduler notices the missing heartbeats, fails the try with a retry
+    (``up_for_retry``) and schedules the next one with ``try_number + 1``; here
+    those state changes are applied directly and the try runs in this process
+    through the same runner ``dag.test()`` uses. Returns the TaskInstance.
+    """
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+
+    register(dag)
+    with create_session() as session:
+        ti = session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == dag.dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id == task_id,
+                TaskInstance.map_index == map_index,
+            )
+        ).one()
+        ti.try_number += 1
+        ti.state = TaskInstanceState.SCHEDULED
+        session.commit()
+        session.refresh(ti)
+        session.expunge(ti)
+    _run_task(ti=ti, task=dag.task_dict[task_id])
+    with create_session() as session:
+        return session.scalars(select(TaskInstance).where(TaskInstance.id == ti.id)).one()
