@@ -52,7 +52,7 @@ test-e2e: venvs
 	e2e/run.sh $(PYTEST_ARGS)
 
 demo: venvs
-	$(AF)/bin/python -m pandastack_local.demo
+	$(AF)/bin/python -m demo
 
 bench: venvs
 	$(AF)/bin/python -m benchmarks.run

@@ -1,0 +1,55 @@
+"""What each example job should end as. The demo exits non-zero on any surprise."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class Row(TypedDict):
+    """One line of the demo's summary table."""
+
+    engine: str
+    job: str
+    outcome: str  # "success" or "failed"
+    reason: str
+    seconds: float
+
+
+# Jobs that must fail (hostile on purpose), by the name that appears in ``Row["job"]``.
+EXPECTED_FAILURES = {
+    "pandastack_tenant_transforms.transform[evil_fork_bomb]",
+    "pandastack_tenant_transforms.transform[evil_memory_hog]",
+    "pandastack-tenant-transforms/evil_fork_bomb",
+    "pandastack-tenant-transforms/evil_memory_hog",
+}
+
+
+def surprises(rows: list[Row]) -> list[str]:
+    """Rows whose outcome is not the expected one, as readable lines."""
+    out = []
+    for row in rows:
+        should_fail = row["job"] in EXPECTED_FAILURES
+        if should_fail != (row["outcome"] != "success"):
+            expected = "failure" if should_fail else "success"
+            out.append(
+                f"{row['engine']} {row['job']}: expected {expected}, got {row['outcome']} ({row['reason']})"
+            )
+    return out
+
+
+def format_table(rows: list[Row]) -> str:
+    """A plain-text table: engine, job, outcome, reason, seconds."""
+    headers = ("engine", "job", "outcome", "reason", "seconds")
+    cells = [
+        (r["engine"], r["job"], r["outcome"], _clip(r["reason"], 70), f"{r['seconds']:.1f}") for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
+    return "\n".join([line, sep, *body])
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
