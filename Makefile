@@ -55,6 +55,7 @@ demo: venvs
 	$(AF)/bin/python -m demo
 
 bench: venvs
+	@$(AF)/bin/python -c 'import matplotlib' 2>/dev/null || $(AF)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
 	$(AF)/bin/python -m benchmarks.run
 
 clean:
