@@ -31,50 +31,58 @@ def airflow_env(run_dir: Path, pg: Postgres, redis: Redis, ps: PandaStack, api_p
     home = run_dir / "airflow"
     home.mkdir(exist_ok=True)
     bundles = [
-        {"name": "examples", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "dags"), "refresh_interval": 5}},
-        {"name": "e2e", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-         "kwargs": {"path": str(REPO / "e2e" / "dags"), "refresh_interval": 5}},
+        {
+            "name": "examples",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "dags"), "refresh_interval": 5},
+        },
+        {
+            "name": "e2e",
+            "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+            "kwargs": {"path": str(REPO / "e2e" / "dags"), "refresh_interval": 5},
+        },
     ]
     conn = {"conn_type": "pandastack", "host": ps.url, "password": ps.api_key}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PANDASTACK"))}
-    env.update({
-        "PATH": f"{AF_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-        "PYTHONPATH": str(REPO),
-        "PYTHONUNBUFFERED": "1",
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-        "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
-        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "e2e.hostname.get",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(api_port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__API_AUTH__JWT_SECRET": base64.urlsafe_b64encode(os.urandom(32)).decode(),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url("airflow"),
-        "AIRFLOW__CELERY__BROKER_URL": redis.url,
-        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url("airflow"),
-        "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4",
-        "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-        # A dead worker's task is noticed in ~30 s, not the default 5 min.
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "5",
-        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
-        "AIRFLOW__TRIGGERER__CAPACITY": "100",
-        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
-        # The PandaStack connection, from the environment-variable secrets backend.
-        "AIRFLOW_CONN_PANDASTACK_DEFAULT": json.dumps(conn),
-        "E2E_PANDASTACK_URL": ps.url,
-    })
+    env.update(
+        {
+            "PATH": f"{AF_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "e2e.hostname.get",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url("airflow"),
+            "AIRFLOW__CELERY__BROKER_URL": redis.url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url("airflow"),
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": "4",
+            "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            # A dead worker's task is noticed in ~30 s, not the default 5 min.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "5",
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+            "AIRFLOW__TRIGGERER__CAPACITY": "100",
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
+            # The PandaStack connection, from the environment-variable secrets backend.
+            "AIRFLOW_CONN_PANDASTACK_DEFAULT": json.dumps(conn),
+            "E2E_PANDASTACK_URL": ps.url,
+        }
+    )
     return env
 
 
@@ -100,8 +108,10 @@ class AirflowStack:
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            f"{self.api}/api/v2{path}", data=data, method=method,
+        req = urllib.request.Request(  # noqa: S310 - loopback http only
+            f"{self.api}/api/v2{path}",
+            data=data,
+            method=method,
             headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
         )
         try:
@@ -114,16 +124,19 @@ class AirflowStack:
 
     def wait_dag(self, dag_id: str, timeout: float = 180) -> dict[str, Any]:
         """Wait until the dag-processor has parsed ``dag_id`` (and report import errors if not)."""
+
         def import_errors() -> str:
             try:
                 errs = self.request("GET", "/importErrors")
                 return json.dumps(errs.get("import_errors", []))[:4000]
             except AssertionError as exc:
                 return str(exc)
+
         return wait_for(
             f"DAG {dag_id} to be parsed",
             lambda: self.request("GET", f"/dags/{dag_id}"),
-            timeout=timeout, interval=2,
+            timeout=timeout,
+            interval=2,
             on_timeout=lambda: "import errors: " + import_errors(),
         )
 
@@ -140,7 +153,8 @@ class AirflowStack:
         return wait_for(
             f"DAG run {dag_id}/{run_id} to finish",
             lambda: self.dag_run(dag_id, run_id),
-            timeout=timeout, interval=2,
+            timeout=timeout,
+            interval=2,
             check=lambda r: r["state"] in TERMINAL,
             on_timeout=lambda: json.dumps(self.task_instances(dag_id, run_id))[:4000],
         )
@@ -161,15 +175,20 @@ class AirflowStack:
             path += f"/{map_index}"
         return self.request("GET", path + "/tries")["task_instances"]
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value",
-             map_index: int = -1) -> Any:
-        path = (f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
-                f"/xcomEntries/{key}?map_index={map_index}&deserialize=true")
+    def xcom(
+        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1
+    ) -> Any:
+        path = (
+            f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
+            f"/xcomEntries/{key}?map_index={map_index}&deserialize=true"
+        )
         return self.request("GET", path)["value"]
 
     def xcom_entries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
-        path = (f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
-                "/xcomEntries?limit=1000")
+        path = (
+            f"/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task_id}"
+            "/xcomEntries?limit=1000"
+        )
         return self.request("GET", path)["xcom_entries"]
 
     def ensure_pool(self, name: str, slots: int) -> None:
@@ -184,8 +203,18 @@ class AirflowStack:
     def start_worker(self, name: str) -> Proc:
         proc = self.group.start(
             f"airflow-{name}",
-            [str(AF_BIN / "airflow"), "celery", "worker", "--skip-serve-logs", "--concurrency", "4",
-             "--celery-hostname", f"{name}@%h", "--without-gossip", "--without-mingle"],
+            [
+                str(AF_BIN / "airflow"),
+                "celery",
+                "worker",
+                "--skip-serve-logs",
+                "--concurrency",
+                "4",
+                "--celery-hostname",
+                f"{name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+            ],
             env={**self.env, "E2E_WORKER_NAME": name},
         )
         self.workers[name] = proc
@@ -196,11 +225,17 @@ def start_airflow(group: ProcessGroup, pg: Postgres, redis: Redis, ps: PandaStac
     pg.create_db("airflow")
     api_port = free_port()
     env = airflow_env(group.run_dir, pg, redis, ps, api_port)
-    run([str(AF_BIN / "airflow"), "db", "migrate"], env=env, timeout=400, log=group.log_dir / "airflow-db.log")
+    run(
+        [str(AF_BIN / "airflow"), "db", "migrate"], env=env, timeout=400, log=group.log_dir / "airflow-db.log"
+    )
     stack = AirflowStack(group, env, api_port)
     airflow = str(AF_BIN / "airflow")
-    group.start("airflow-api-server", [airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port),
-                                       "--workers", "1"], env=env, ports=[api_port])
+    group.start(
+        "airflow-api-server",
+        [airflow, "api-server", "--host", "127.0.0.1", "--port", str(api_port), "--workers", "1"],
+        env=env,
+        ports=[api_port],
+    )
     group.start("airflow-scheduler", [airflow, "scheduler"], env=env)
     group.start("airflow-dag-processor", [airflow, "dag-processor"], env=env)
     group.start("airflow-triggerer", [airflow, "triggerer", "--skip-serve-logs"], env=env)
@@ -208,11 +243,23 @@ def start_airflow(group: ProcessGroup, pg: Postgres, redis: Redis, ps: PandaStac
         stack.start_worker(name)
     airflow_procs = [p for p in group.procs if p.name.startswith("airflow-")]
     abort = lambda: next((f"{p.name} exited" for p in airflow_procs if not p.alive()), None)  # noqa: E731
-    wait_for("the Airflow API server", stack.token, timeout=180, interval=2, abort=abort,
-             on_timeout=lambda: group.get("airflow-api-server").tail())
-    wait_for("two Celery workers to be up", lambda: _celery_ping(env), timeout=180, interval=3, abort=abort,
-             check=lambda names: all(any(n.startswith(w + "@") for n in names) for w in WORKERS),
-             on_timeout=lambda: "\n".join(group.get(f"airflow-{w}").tail(30) for w in WORKERS))
+    wait_for(
+        "the Airflow API server",
+        stack.token,
+        timeout=180,
+        interval=2,
+        abort=abort,
+        on_timeout=lambda: group.get("airflow-api-server").tail(),
+    )
+    wait_for(
+        "two Celery workers to be up",
+        lambda: _celery_ping(env),
+        timeout=180,
+        interval=3,
+        abort=abort,
+        check=lambda names: all(any(n.startswith(w + "@") for n in names) for w in WORKERS),
+        on_timeout=lambda: "\n".join(group.get(f"airflow-{w}").tail(30) for w in WORKERS),
+    )
     return stack
 
 

@@ -49,7 +49,12 @@ def main() -> None:
 
 
 def example_deployments() -> list[tuple[Path, str, str]]:
-    return []
+    """The repository's example flows (flows/), deployed to the same pool."""
+    flows = REPO / "flows"
+    return [
+        (flows, "tenant_transforms.py:tenant_transforms", "tenant-transforms"),
+        (flows, "scheduled_report.py:scheduled_report", "daily-orders-report"),
+    ]
 
 
 if __name__ == "__main__":

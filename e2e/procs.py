@@ -148,7 +148,7 @@ class ProcessGroup:
         ports: Sequence[int] = (),
     ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open(log_path, "ab")
         log.write(f"$ {' '.join(argv)}\n".encode())
         log.flush()
         popen = subprocess.Popen(

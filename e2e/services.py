@@ -39,8 +39,19 @@ class Postgres:
 
     def create_db(self, name: str) -> None:
         run(
-            [_pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-             "-v", "ON_ERROR_STOP=1", "-c", f"CREATE DATABASE {name}"],
+            [
+                _pg_bin("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                f"CREATE DATABASE {name}",
+            ],
             timeout=60,
         )
 
@@ -50,13 +61,32 @@ def start_postgres(group: ProcessGroup) -> Postgres:
     base.mkdir(mode=0o755)
     shutil.chown(base, "postgres", "postgres")
     data = base / "data"
-    run([_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-         "--no-sync"], user="postgres", timeout=120, log=group.log_dir / "initdb.log")
+    run(
+        [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+        user="postgres",
+        timeout=120,
+        log=group.log_dir / "initdb.log",
+    )
     port = free_port()
     group.start(
         "postgres",
-        [_pg_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1", "-k", str(base),
-         "-c", "fsync=off", "-c", "max_connections=300", "-c", "shared_buffers=64MB"],
+        [
+            _pg_bin("postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(base),
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=64MB",
+        ],
         user="postgres",
         stop_signal=signal.SIGINT,  # fast shutdown
         ports=[port],
@@ -87,12 +117,26 @@ def start_redis(group: ProcessGroup) -> Redis:
     rdir.mkdir()
     group.start(
         "redis",
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(rdir), "--protected-mode", "yes"],
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(rdir),
+            "--protected-mode",
+            "yes",
+        ],
         ports=[port],
     )
-    wait_for("redis to listen", lambda: port_open(port), timeout=30,
-             on_timeout=lambda: group.get("redis").tail())
+    wait_for(
+        "redis to listen", lambda: port_open(port), timeout=30, on_timeout=lambda: group.get("redis").tail()
+    )
     return Redis(port)
 
 
@@ -106,7 +150,7 @@ class PandaStack:
 
     def _req(self, method: str, path: str, body: Any = None, timeout: float = 15) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
+        req = urllib.request.Request(  # noqa: S310 - loopback http only
             f"{self.url}/v1{path}",
             data=data,
             method=method,
@@ -143,13 +187,28 @@ def start_pandastack(group: ProcessGroup, python: str) -> PandaStack:
     exe = str(Path(python).parent / "pandastack-local")
     group.start(
         "pandastack-local",
-        [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--api-key", E2E_API_KEY,
-         "--state-dir", str(state)],
+        [
+            exe,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--api-key",
+            E2E_API_KEY,
+            "--state-dir",
+            str(state),
+        ],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         cwd=REPO,
         ports=[port],
     )
     ps = PandaStack(f"http://127.0.0.1:{port}", E2E_API_KEY, port)
-    wait_for("the local PandaStack server to answer", ps.sandboxes, timeout=60, check=lambda _: True,
-             on_timeout=lambda: group.get("pandastack-local").tail())
+    wait_for(
+        "the local PandaStack server to answer",
+        ps.sandboxes,
+        timeout=60,
+        check=lambda _: True,
+        on_timeout=lambda: group.get("pandastack-local").tail(),
+    )
     return ps

@@ -7,19 +7,20 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .procs import ProcessGroup, descendants, wait_for
-from .services import REPO, PandaStack, Postgres, Redis
+from .services import PandaStack, Postgres, Redis
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def airflow(group: ProcessGroup, postgres: Postgres, redis: Redis, pandastack: PandaStack) -> Iterator[AirflowStack]:
+def airflow(
+    group: ProcessGroup, postgres: Postgres, redis: Redis, pandastack: PandaStack
+) -> Iterator[AirflowStack]:
     stack = start_airflow(group, postgres, redis, pandastack)
     try:
         yield stack
@@ -45,7 +46,33 @@ def test_topology_is_up(airflow: AirflowStack, group: ProcessGroup) -> None:
     assert health["scheduler"]["status"] == "healthy", health
 
 
-def test_deferrable_operator_completes_through_the_triggerer(airflow: AirflowStack, pandastack: PandaStack) -> None:
+HONEST = ("acme", "globex", "initech", "umbrella")
+
+
+def test_tenant_transforms_dag(airflow: AirflowStack, pandastack: PandaStack) -> None:
+    dag_id = "pandastack_tenant_transforms"
+    airflow.wait_dag(dag_id)
+    airflow.ensure_pool("pandastack_sandboxes", 4)
+    run_id = airflow.trigger(dag_id)
+    airflow.wait_run(dag_id, run_id, timeout=360)
+    tis = [t for t in airflow.task_instances(dag_id, run_id) if t["task_id"] == "transform"]
+    by_tenant = {t["rendered_map_index"]: t for t in tis}
+    assert set(HONEST) <= set(by_tenant), sorted(by_tenant)
+    for tenant in HONEST:
+        ti = by_tenant[tenant]
+        assert ti["state"] == "success", ti
+        assert airflow.xcom(dag_id, run_id, "transform", map_index=ti["map_index"]) is not None
+    for tenant in ("evil_memory_hog", "evil_fork_bomb"):
+        assert by_tenant[tenant]["state"] == "failed", by_tenant[tenant]
+    hosts = {t["hostname"] for t in tis}
+    assert hosts <= set(WORKERS), hosts
+    assert airflow.task_instance(dag_id, run_id, "summarize")["state"] == "success"
+    assert airflow_sandboxes(pandastack, job_run=run_id) == []
+
+
+def test_deferrable_operator_completes_through_the_triggerer(
+    airflow: AirflowStack, pandastack: PandaStack
+) -> None:
     airflow.wait_dag("e2e_deferrable")
     run_id = airflow.trigger("e2e_deferrable")
     seen: set[str] = set()
@@ -55,8 +82,13 @@ def test_deferrable_operator_completes_through_the_triggerer(airflow: AirflowSta
         seen.add(str(ti["state"]))
         return str(ti["state"])
 
-    wait_for("deferred_job to finish", state, timeout=240, interval=0.5,
-             check=lambda s: s in ("success", "failed", "upstream_failed"))
+    wait_for(
+        "deferred_job to finish",
+        state,
+        timeout=240,
+        interval=0.5,
+        check=lambda s: s in ("success", "failed", "upstream_failed"),
+    )
     dag_run = airflow.wait_run("e2e_deferrable", run_id, timeout=60)
     assert dag_run["state"] == "success", dag_run
     assert "deferred" in seen, f"the task never deferred (states seen: {seen})"
@@ -73,13 +105,20 @@ def test_celery_worker_killed_mid_job_retries_on_the_other_worker(
 
     # Wait until the job is running inside its sandbox on one of the workers.
     ti = wait_for(
-        "slow_job to run on a worker", lambda: airflow.task_instance(dag_id, run_id, task_id),
-        timeout=180, interval=0.5, check=lambda t: t["state"] == "running" and t.get("hostname") in WORKERS,
+        "slow_job to run on a worker",
+        lambda: airflow.task_instance(dag_id, run_id, task_id),
+        timeout=180,
+        interval=0.5,
+        check=lambda t: t["state"] == "running" and t.get("hostname") in WORKERS,
     )
     victim = ti["hostname"]
     survivor = next(w for w in WORKERS if w != victim)
-    orphan = wait_for("the first attempt's sandbox", lambda: airflow_sandboxes(
-        pandastack, job_run=run_id, job_task=task_id), timeout=60, interval=0.5)
+    orphan = wait_for(
+        "the first attempt's sandbox",
+        lambda: airflow_sandboxes(pandastack, job_run=run_id, job_task=task_id),
+        timeout=60,
+        interval=0.5,
+    )
     assert len(orphan) == 1 and orphan[0]["metadata"]["job_try"] == "1", orphan
     orphan_id = orphan[0]["id"]
     time.sleep(3)  # the job is now sleeping inside the sandbox
@@ -94,6 +133,7 @@ def test_celery_worker_killed_mid_job_retries_on_the_other_worker(
     proc.kill_group(signal.SIGKILL)
     proc.popen.wait(timeout=10)
     killed_at = time.monotonic()
+    assert orphan_id in {sb["id"] for sb in pandastack.sandboxes()}, "the kill alone removed the sandbox"
 
     dag_run = airflow.wait_run(dag_id, run_id, timeout=300)
     assert dag_run["state"] == "success", dag_run

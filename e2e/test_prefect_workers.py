@@ -1,0 +1,156 @@
+"""Prefect 3.9: a server on PostgreSQL, a ``process`` work pool, two workers, deployments
+of the examples and of an e2e-only slow job, against the local PandaStack server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .prefect_stack import WORKERS, PrefectStack, start_prefect
+from .procs import ProcessGroup, descendants, wait_for
+from .services import PandaStack, Postgres
+
+pytestmark = pytest.mark.timeout(600)
+
+HONEST = ("acme", "globex", "initech", "umbrella")
+
+
+@pytest.fixture(scope="module")
+def prefect(group: ProcessGroup, postgres: Postgres, pandastack: PandaStack) -> Iterator[PrefectStack]:
+    stack = start_prefect(group, postgres, pandastack)
+    try:
+        yield stack
+    finally:
+        for proc in [p for p in group.procs if p.name.startswith("prefect-")]:
+            proc.stop()
+
+
+def prefect_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
+    out = []
+    for sb in ps.sandboxes():
+        meta = sb.get("metadata") or {}
+        if meta.get("job_engine") == "prefect" and all(meta.get(k) == v for k, v in match.items()):
+            out.append(sb)
+    return out
+
+
+def flow_run_pid_owner(stack: PrefectStack, flow_run_id: str) -> str | None:
+    """Which worker's process tree runs ``flow_run_id`` (from the flow-run process's environment)."""
+    for name, proc in stack.workers.items():
+        if not proc.alive():
+            continue
+        for pid in descendants(proc.pid):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue
+            if f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode() in env:
+                return name
+    return None
+
+
+def test_two_workers_online(prefect: PrefectStack) -> None:
+    assert set(WORKERS) <= set(prefect.online_workers())
+
+
+def test_tenant_transforms_flow(prefect: PrefectStack, pandastack: PandaStack) -> None:
+    fr_id = prefect.run_deployment("pandastack-tenant-transforms", "tenant-transforms")
+    fr = prefect.wait_flow_run(fr_id, timeout=300)
+    assert fr["state_type"] == "COMPLETED", fr["state"]
+    report = prefect.result(fr_id)
+    for tenant in HONEST:
+        assert report[tenant]["ok"] is True, report[tenant]
+    for tenant in ("evil_memory_hog", "evil_fork_bomb"):
+        assert report[tenant]["ok"] is False and report[tenant]["reason"], report[tenant]
+    assert prefect_sandboxes(pandastack, job_run=fr_id) == []
+
+
+def test_scheduled_report_flow(prefect: PrefectStack, pandastack: PandaStack) -> None:
+    fr_id = prefect.run_deployment("pandastack-scheduled-report", "daily-orders-report")
+    fr = prefect.wait_flow_run(fr_id, timeout=300)
+    assert fr["state_type"] == "COMPLETED", fr["state"]
+    summary = prefect.result(fr_id)
+    assert summary, summary
+    assert prefect.artifacts(fr_id), "the report published no artifact"
+    assert prefect_sandboxes(pandastack, job_run=fr_id) == []
+
+
+def test_worker_killed_mid_job_reruns_on_the_other_worker(
+    prefect: PrefectStack, pandastack: PandaStack
+) -> None:
+    fr_id = prefect.run_deployment("e2e-sandbox-job", "e2e", {"seconds": 20, "value": 21})
+    orphan = wait_for(
+        "the first attempt's sandbox",
+        lambda: prefect_sandboxes(pandastack, job_run=fr_id),
+        timeout=180,
+        interval=0.5,
+    )
+    assert len(orphan) == 1, orphan
+    orphan_id = orphan[0]["id"]
+    victim = wait_for(
+        "the worker running the flow run",
+        lambda: flow_run_pid_owner(prefect, fr_id),
+        timeout=30,
+        interval=0.5,
+    )
+    survivor = next(w for w in WORKERS if w != victim)
+    time.sleep(3)  # the job is sleeping inside the sandbox
+
+    # The machine dies: SIGKILL the worker and every process under it (the flow-run process too).
+    proc = prefect.workers[victim]
+    for pid in descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.kill_group(signal.SIGKILL)
+    proc.popen.wait(timeout=10)
+    assert prefect.flow_run(fr_id)["state_type"] == "RUNNING"
+    assert orphan_id in {sb["id"] for sb in pandastack.sandboxes()}, "the kill alone removed the sandbox"
+
+    # What a zombie-detection automation does (docs/deploying.md): mark the run crashed, then
+    # reschedule it; the surviving worker picks it up as attempt 2 of the same flow run.
+    prefect.set_state(fr_id, "CRASHED")
+    prefect.set_state(fr_id, "SCHEDULED", name="AwaitingRetry")
+    seen_owner = wait_for(
+        "the rerun to start on the surviving worker",
+        lambda: flow_run_pid_owner(prefect, fr_id),
+        timeout=120,
+        interval=0.5,
+    )
+    assert seen_owner == survivor
+    fr = prefect.wait_flow_run(fr_id, timeout=240)
+    assert fr["state_type"] == "COMPLETED", fr["state"]
+    assert fr["run_count"] >= 2, fr
+    # The orphan was reaped by the rerun (its TTL, 180 s, had not run out), the result came once.
+    assert orphan_id not in {sb["id"] for sb in pandastack.sandboxes()}
+    assert prefect.result(fr_id) == {"value": 42, "slept": 20}
+    completed = [t for t in prefect.task_runs(fr_id) if t.get("state_type") == "COMPLETED"]
+    assert len(completed) == 1, [(t["name"], t["state_type"]) for t in prefect.task_runs(fr_id)]
+    assert prefect_sandboxes(pandastack, job_run=fr_id) == []
+
+
+def test_cancelled_flow_run_leaves_no_sandbox(prefect: PrefectStack, pandastack: PandaStack) -> None:
+    fr_id = prefect.run_deployment("e2e-sandbox-job", "e2e", {"seconds": 90, "value": 1})
+    wait_for(
+        "the job's sandbox", lambda: prefect_sandboxes(pandastack, job_run=fr_id), timeout=180, interval=0.5
+    )
+    time.sleep(2)
+    prefect.set_state(fr_id, "CANCELLING", force=False)
+    fr = prefect.wait_flow_run(fr_id, timeout=120)
+    assert fr["state_type"] == "CANCELLED", fr["state"]
+    wait_for(
+        "the cancelled run's sandboxes to be gone",
+        lambda: prefect_sandboxes(pandastack, job_run=fr_id),
+        timeout=30,
+        interval=0.5,
+        check=lambda sbs: sbs == [],
+    )
+
+
+def test_no_prefect_sandbox_left(prefect: PrefectStack, pandastack: PandaStack) -> None:
+    assert prefect_sandboxes(pandastack) == []
