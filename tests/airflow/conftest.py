@@ -7,9 +7,7 @@ configuration is read once, on first import).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dagtest import airflow_cli, connection_env
 
 assert "airflow" not in sys.modules or os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME"), (
     "airflow was imported before tests/airflow/conftest.py could isolate AIRFLOW_HOME"
@@ -38,22 +37,6 @@ os.environ.update(AIRFLOW_ENV)
 os.environ.pop("PANDASTACK_API_KEY", None)
 os.environ.pop("PANDASTACK_API", None)
 
-AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
-
-
-def airflow_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess:
-    """Run the ``airflow`` CLI in this test environment."""
-    return subprocess.run(
-        [AIRFLOW_BIN, *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
 
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
@@ -63,19 +46,6 @@ def airflow_db() -> Path:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         (AIRFLOW_HOME / ".migrated").touch()
     return AIRFLOW_HOME
-
-
-def connection_env(
-    server: Any, conn_id: str = "pandastack_default", key: str | None = None
-) -> dict[str, str]:
-    """``AIRFLOW_CONN_<ID>`` for a local server (JSON form: the API URL goes in ``host``)."""
-    value = {
-        "conn_type": "pandastack",
-        "host": server.url,
-        "password": server.api_key if key is None else key,
-        "extra": {"max_create_retry_seconds": 5},
-    }
-    return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+
+AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
+
+
+def airflow_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
+    """Run the ``airflow`` CLI in this test environment."""
+    return subprocess.run(
+        [AIRFLOW_BIN, *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def connection_env(
+    server: Any, conn_id: str = "pandastack_default", key: str | None = None
+) -> dict[str, str]:
+    """``AIRFLOW_CONN_<ID>`` for a local server (JSON form: the API URL goes in ``host``)."""
+    value = {
+        "conn_type": "pandastack",
+        "host": server.url,
+        "password": server.api_key if key is None else key,
+        "extra": {"max_create_retry_seconds": 5},
+    }
+    return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
 
 
 def register(dag: Any) -> None:

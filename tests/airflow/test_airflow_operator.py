@@ -24,7 +24,7 @@ json.dump({"total": sum(data["rows"]), "tenant": data["tenant"]}, open(os.enviro
 """
 
 
-def test_success_pushes_result_files_sandbox_id_and_timings(airflow_env, local_server, ps_client):
+def test_success_pushes_result_files_sandbox_id_and_timings(airflow_env, local_server, ps_client, capfd):
     with DAG("ps_success", schedule=None, start_date=START) as dag:
         PandaStackSandboxOperator(
             task_id="sum",
@@ -46,6 +46,11 @@ def test_success_pushes_result_files_sandbox_id_and_timings(airflow_env, local_s
     timings = xcom(dr, "sum", "timings")
     assert timings["exec"] > 0 and timings["total"] >= timings["exec"]
     assert xcom(dr, "sum", "files") == {"/work/report.txt": {"size": 9, "text": "total=10\n"}}
+    # The job's output streamed into the task log, line by line; the key is masked there.
+    out = capfd.readouterr().out
+    assert "[sandbox stdout] summing 4 rows" in out
+    assert "[sandbox stdout] run=manual__" in out and " key=***" in out
+    assert local_server.api_key not in out
     # The key never reaches XCom or the rendered template fields.
     assert local_server.api_key not in all_xcom_text(dr)
     assert ps_client.sandboxes.list() == []

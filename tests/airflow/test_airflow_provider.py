@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import airflow_cli, connection_env
+from dagtest import airflow_cli, connection_env
 
 from airflow_provider.hooks.pandastack import PandaStackHook, config_from_connection
 from airflow_provider.retry import pandastack_retry_policy
