@@ -1,0 +1,166 @@
+"""Shared pieces of the benchmarks: the job they all run, statistics, RSS and machine facts.
+
+Every measurement runs the *same* small job (the seed's shape: input.json in,
+result.json out) so that the numbers of different modules can be set side by side.
+Absolute times drift on a shared machine; the modules therefore report ratios
+measured in interleaved batches, and these helpers keep that bookkeeping in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).parent / "results"
+WORKDIR = "/work"
+TEMPLATE = "code-interpreter"
+JOB_TIMEOUT = 60
+
+JOB_CODE = """\
+import json, os
+data = json.load(open(os.environ.get("JOB_INPUT", "/work/input.json")))
+json.dump({"total": sum(data["rows"]), "n": len(data["rows"])},
+          open(os.environ.get("JOB_RESULT", "/work/result.json"), "w"))
+"""
+"""The job: sum the input rows, write the result. ~30 ms of guest python start-up."""
+
+JOB_INPUT: dict[str, Any] = {"rows": list(range(100))}
+EXPECTED = {"total": sum(range(100)), "n": 100}
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p99 of 60 samples is the largest but one)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    """Median, p99 and mean of per-job seconds, in ms."""
+    ms = [v * 1000 for v in values_s]
+    return {
+        "n": len(ms),
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(pct(ms, 99), 2),
+        "mean_ms": round(statistics.fmean(ms), 2),
+    }
+
+
+def ratio(num: float, den: float) -> float:
+    return round(num / den, 3) if den else float("nan")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds one call takes (the result is checked by the caller's ``fn``)."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def interleaved(
+    variants: dict[str, Callable[[], Any]], rounds: int, batch: int, warmup: int = 2
+) -> dict[str, list[float]]:
+    """Run ``rounds`` batches of each variant, rotating the order every round.
+
+    Machine drift (other people's test suites on the same two cores) then hits
+    every variant equally; a fixed order would bias whichever ran in the quiet.
+    """
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            samples[name].extend(timed(variants[name]) for _ in range(batch))
+    return samples
+
+
+def rss_kb(pid: int | None = None) -> int:
+    """Resident set size of one process, from /proc (no psutil in the Prefect venv)."""
+    status = Path(f"/proc/{pid or 'self'}/status").read_text()
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid`` (the server's sandboxes are its children)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_rss_kb(pid: int) -> int:
+    """RSS of a process and all its descendants (summed; shared pages counted twice)."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        try:
+            total += rss_kb(p)
+        except OSError:
+            continue
+    return total
+
+
+def version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory, kernel, load and the versions that every figure states."""
+    mem_kb = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kb = int(line.split()[1])
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "pandastack": version("pandastack"),
+        "apache-airflow": version("apache-airflow"),
+        "prefect": version("prefect"),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

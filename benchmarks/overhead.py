@@ -1,0 +1,154 @@
+"""(1) Integration overhead: the same small job via the raw SDK, the core and the Airflow operator.
+
+Run in ``.venv-airflow``: ``python -m benchmarks.overhead [--rounds R --batch B]``.
+(a) is a hand-written loop on the ``pandastack`` SDK doing exactly the seed's five
+steps; (b) is ``pandastack_jobs.run_job``; (c) is ``PandaStackSandboxOperator.execute``
+called directly with a minimal context (see :class:`BenchTaskInstance`). Batches
+of the three are interleaved with a rotating order so drift hits all of them.
+The Prefect task (d) lives in :mod:`benchmarks.prefect_overhead` (other venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pandastack
+
+from benchmarks.common import (
+    EXPECTED,
+    JOB_CODE,
+    JOB_INPUT,
+    JOB_TIMEOUT,
+    TEMPLATE,
+    interleaved,
+    log,
+    machine,
+    ratio,
+    summary,
+    write_json,
+)
+
+TTL = JOB_TIMEOUT + 60
+
+
+def raw_sdk_job(client: pandastack.Client) -> Any:
+    """(a) The seed's loop, by hand: create → write ×2 → exec → read → delete in ``finally``."""
+    sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex})
+    try:
+        sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())
+        sb.filesystem.write("/work/run.py", JOB_CODE.encode())
+        r = sb.exec("cd /work && python3 run.py", timeout_seconds=JOB_TIMEOUT)
+        if r.exit_code != 0:
+            raise RuntimeError(r.stderr[-1000:])
+        result = json.loads(sb.filesystem.read("/work/result.json"))
+    finally:
+        client.sandboxes.delete(sb.id)
+    assert result == EXPECTED, result
+    return result
+
+
+def core_job(client: pandastack.Client) -> Any:
+    """(b) The same job through the core's one lifecycle (no JobKey: no orphan reaping)."""
+    from pandastack_jobs import JobSpec, run_job
+
+    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
+    outcome = run_job(client, spec)
+    assert outcome.ok and outcome.result == EXPECTED, outcome.reason
+    return outcome.result
+
+
+class BenchTaskInstance:
+    """The part of a RuntimeTaskInstance the operator touches: ids, try number, ``xcom_push``.
+
+    No scheduler, no metadata DB and no task-runner supervisor are involved: those are
+    engine costs paid by every operator, not by this integration. XComs land in a dict.
+    """
+
+    dag_id = "bench_overhead"
+    task_id = "job"
+    map_index = -1
+    try_number = 1
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def airflow_variant(url: str, api_key: str) -> Callable[[], Any]:
+    """(c) One operator instance; each call is a new task try of a new DAG run."""
+    os.environ["AIRFLOW_CONN_PANDASTACK_DEFAULT"] = json.dumps(
+        {"conn_type": "pandastack", "host": url, "password": api_key}
+    )
+    from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+
+    operator = PandaStackSandboxOperator(
+        task_id="job",
+        command="python3 run.py",
+        files={"run.py": JOB_CODE},
+        input=JOB_INPUT,
+        timeout=JOB_TIMEOUT,
+    )
+
+    def run() -> Any:
+        ti = BenchTaskInstance(run_id=f"bench__{uuid.uuid4().hex}")
+        result = operator.execute({"ti": ti})  # type: ignore[arg-type]
+        assert result == EXPECTED and ti.xcoms["pandastack"]["ok"], result
+        return result
+
+    return run
+
+
+def report(samples: dict[str, list[float]], base: str) -> dict[str, Any]:
+    """Per-variant summaries and each variant's p50/p99 ratio to ``base``."""
+    out: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
+    b = out[base]
+    out["ratios"] = {
+        f"{name}/{base}": {
+            "p50": ratio(out[name]["p50_ms"], b["p50_ms"]),
+            "mean": ratio(out[name]["mean_ms"], b["mean_ms"]),
+            "p99": ratio(out[name]["p99_ms"], b["p99_ms"]),
+        }
+        for name in samples
+        if name != base
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=10)
+    args = parser.parse_args()
+    from pandastack_local import LocalServer
+
+    with LocalServer() as server:
+        client = server.client()
+        variants = {
+            "a_raw_sdk": lambda: raw_sdk_job(client),
+            "b_core": lambda: core_job(client),
+            "c_airflow": airflow_variant(server.url, server.api_key),
+        }
+        log(f"overhead: {args.rounds} rounds x {args.batch} jobs x {len(variants)} variants")
+        samples = interleaved(variants, args.rounds, args.batch)
+        assert client.sandboxes.list() == [], "a variant leaked a sandbox"
+    data = {
+        "machine": machine(),
+        "n_per_variant": args.rounds * args.batch,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        **report(samples, "a_raw_sdk"),
+        "samples_ms": {k: [round(v * 1000, 2) for v in vs] for k, vs in samples.items()},
+    }
+    log(f"overhead written to {write_json('overhead', data)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""(1d) Integration overhead of the Prefect task, measured against its own raw-SDK baseline.
+
+Run in ``.venv-prefect`` (Prefect and Airflow cannot share a venv):
+``python -m benchmarks.prefect_overhead --out FILE``. The driver starts it as a
+subprocess and reads the JSON back. Prefect's API server is a temporary one
+(``prefect_test_harness``) started before timing begins; every ``run_in_sandbox``
+call is a real task run inside one flow run (state changes, events, artifacts).
+Batches of (a) the raw-SDK loop and (d) the task alternate inside that flow, so
+d/a is a ratio measured in the same process under the same drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, interleaved, log, machine
+from benchmarks.overhead import raw_sdk_job, report
+
+
+def measure(rounds: int, batch: int) -> dict[str, list[float]]:
+    from prefect import flow
+
+    from pandastack_local import LocalServer
+    from prefect_blocks import PandaStackCredentials, run_in_sandbox
+
+    with LocalServer() as server:
+        client = server.client()
+        credentials = PandaStackCredentials(api_url=server.url, api_key=server.api_key)
+
+        def task_job() -> Any:
+            result = run_in_sandbox(
+                "python3 run.py",
+                files={"run.py": JOB_CODE},
+                input=JOB_INPUT,
+                credentials=credentials,
+                timeout=JOB_TIMEOUT,
+            )
+            assert result == EXPECTED, result
+            return result
+
+        @flow(name="bench-overhead", log_prints=False)
+        def bench() -> dict[str, list[float]]:
+            variants = {"a_raw_sdk": lambda: raw_sdk_job(client), "d_prefect": task_job}
+            return interleaved(variants, rounds, batch)
+
+        samples = bench()
+        assert client.sandboxes.list() == [], "a variant leaked a sandbox"
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        log(f"prefect overhead: {args.rounds} rounds x {args.batch} jobs x 2 variants (server up)")
+        samples = measure(args.rounds, args.batch)
+    data = {
+        "machine": machine(),
+        "n_per_variant": args.rounds * args.batch,
+        **report(samples, "a_raw_sdk"),
+        "samples_ms": {k: [round(v * 1000, 2) for v in vs] for k, vs in samples.items()},
+    }
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
