@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 
 from pandastack_jobs import JobKey
@@ -58,7 +59,7 @@ def current_job_key(job_name: str, fingerprint_: str) -> Optional[JobKey]:
     task_attempt = 1
     if task_ctx is not None:
         task_attempt = max(1, task_ctx.task_run.run_count)
-    flow_attempt = max(1, flow_run.run_count)
+    flow_attempt = flow_run_attempt(flow_run)
     return JobKey(
         engine=ENGINE,
         workflow=flow_name,
@@ -66,6 +67,20 @@ def current_job_key(job_name: str, fingerprint_: str) -> Optional[JobKey]:
         run=str(flow_run.id),
         try_number=flow_attempt * FLOW_ATTEMPT_FACTOR + task_attempt,
     )
+
+
+def flow_run_attempt(flow_run: Any) -> int:
+    """The flow run's current attempt, read from the API.
+
+    The engine's copy of the flow run keeps the ``run_count`` it was loaded with,
+    so a retried flow run (a killed worker, then "Retry") would look like its
+    first attempt and could not reap what the dead attempt left.
+    """
+    try:
+        with get_client(sync_client=True) as client:
+            return max(1, client.read_flow_run(flow_run.id).run_count)
+    except Exception:  # noqa: BLE001 - offline or unreachable API: the context's count is the best we have
+        return max(1, int(getattr(flow_run, "run_count", 1) or 1))
 
 
 def flow_run_key(flow_name: str, flow_run_id: str) -> JobKey:

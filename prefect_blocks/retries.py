@@ -70,13 +70,23 @@ def failure_of(state: Any) -> Optional[BaseException]:
     return value if isinstance(value, BaseException) else None
 
 
-def make_retry_condition(backoff: Optional[Backoff] = None) -> Any:
+class RetryOnRedeliver:
     """A ``retry_condition_fn`` that retries only redeliverable sandbox failures.
 
     ``backoff`` defaults to :func:`default_backoff`, read when a failure happens.
+    A plain object (not a closure) so tasks that use it can be pickled by
+    Prefect's runners.
     """
 
-    def retry_on_redeliver(task: Any, task_run: Any, state: Any) -> bool:
+    __name__ = "retry_on_redeliver"
+
+    def __init__(self, backoff: Optional[Backoff] = None) -> None:
+        self.backoff = backoff
+
+    def __repr__(self) -> str:
+        return f"RetryOnRedeliver(backoff={self.backoff!r})"
+
+    def __call__(self, task: Any, task_run: Any, state: Any) -> bool:
         exc = failure_of(state)
         if not isinstance(exc, SandboxJobFailed):
             return False
@@ -84,16 +94,18 @@ def make_retry_condition(backoff: Optional[Backoff] = None) -> Any:
             logger.info("pandastack: dead-lettered, not retrying: %s", exc.message)
             return False
         retry_number = max(1, int(getattr(task_run, "run_count", 1) or 1))
-        delay = (backoff or default_backoff()).delay(retry_number, exc.retry_after)
+        delay = (self.backoff or default_backoff()).delay(retry_number, exc.retry_after)
         with _lock:
             _pending[task_run.id] = delay
         return True
 
-    retry_on_redeliver.__name__ = "retry_on_redeliver"
-    return retry_on_redeliver
+
+def make_retry_condition(backoff: Optional[Backoff] = None) -> RetryOnRedeliver:
+    """A ``retry_condition_fn`` that retries only redeliverable sandbox failures, with ``backoff``."""
+    return RetryOnRedeliver(backoff)
 
 
-retry_on_redeliver = make_retry_condition()
+retry_on_redeliver = RetryOnRedeliver()
 """The default ``retry_condition_fn`` of :func:`~prefect_blocks.run_in_sandbox` and ``@sandbox_task``."""
 
 

@@ -1,0 +1,67 @@
+"""The example flows, run exactly as ``make demo`` runs them, checked.
+
+The hostile tenants must fail alone with the documented reasons; everything
+else must succeed; the report must come back as an artifact; no sandbox may remain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+
+from demo.expectations import surprises
+from demo.prefect_runner import run_flow
+
+
+@pytest.fixture(autouse=True)
+def pandastack_env(local_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    for name, value in local_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PREFECT_INTEGRATIONS_PANDASTACK_FILES_DIR", str(tmp_path / "files"))
+
+
+async def _artifact(key: str) -> Any:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return found[0] if found else None
+
+
+def test_scheduled_report_flow_publishes_the_report_artifact() -> None:
+    rows = run_flow("scheduled_report")
+    assert not surprises(rows), rows
+    assert rows[0]["outcome"] == "success" and "total revenue" in rows[0]["reason"]
+    import asyncio
+
+    artifact = asyncio.run(_artifact("orders-report"))
+    assert artifact is not None and artifact.type == "markdown"
+    assert "# Orders report for " in artifact.data and "| north |" in artifact.data
+
+
+def test_tenant_transforms_flow_fails_only_the_hostile_tenants() -> None:
+    rows = run_flow("tenant_transforms")
+    assert not surprises(rows), rows
+    by_job = {r["job"].split("/")[-1]: r for r in rows}
+    assert set(by_job) == {
+        "acme",
+        "globex",
+        "initech",
+        "umbrella",
+        "evil_escape",
+        "evil_fork_bomb",
+        "evil_memory_hog",
+    }
+    assert "exit code 137" in by_job["evil_memory_hog"]["reason"]
+    assert "timeout" in by_job["evil_fork_bomb"]["reason"]
+    assert (
+        by_job["evil_escape"]["outcome"] == "success" and "breaches: none" in by_job["evil_escape"]["reason"]
+    )
+
+
+def test_warm_fork_batch_flow_warms_once() -> None:
+    rows = run_flow("warm_fork_batch")
+    assert rows == [rows[0]] and rows[0]["outcome"] == "success"
+    assert rows[0]["reason"] == "6 forks, warm-up ran 1 time(s)"
