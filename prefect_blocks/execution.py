@@ -214,5 +214,12 @@ def finish(
         if request.publish_artifacts:
             publish_dead_letter(outcome, key, redactor, command=request.command, template=request.template)
     else:
-        log.warning("pandastack: job failed, redeliverable: %s", outcome.reason)
+        if outcome.retry_after is not None:
+            log.warning(
+                "pandastack: job refused for capacity, redeliverable after at least %ss: %s",
+                outcome.retry_after,
+                outcome.reason,
+            )
+        else:
+            log.warning("pandastack: job failed, redeliverable: %s", outcome.reason)
     raise error
