@@ -29,14 +29,14 @@ def airflow_cli(
 
 
 def connection_env(
-    server: Any, conn_id: str = "pandastack_default", key: str | None = None
+    server: Any, conn_id: str = "pandastack_default", key: str | None = None, create_budget: float = 5
 ) -> dict[str, str]:
     """``AIRFLOW_CONN_<ID>`` for a local server (JSON form: the API URL goes in ``host``)."""
     value = {
         "conn_type": "pandastack",
         "host": server.url,
         "password": server.api_key if key is None else key,
-        "extra": {"max_create_retry_seconds": 5},
+        "extra": {"max_create_retry_seconds": create_budget},
     }
     return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
 
@@ -147,3 +147,24 @@ def run_next_try(dag: Any, run_id: str, task_id: str, map_index: int = -1) -> An
     _run_task(ti=ti, task=dag.task_dict[task_id])
     with create_session() as session:
         return session.scalars(select(TaskInstance).where(TaskInstance.id == ti.id)).one()
+
+
+def try_history(dr: Any, task_id: str, map_index: int = -1) -> list[Any]:
+    """The finished earlier tries of a task instance (TaskInstanceHistory rows), oldest first."""
+    from airflow.models.taskinstancehistory import TaskInstanceHistory
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(TaskInstanceHistory)
+            .where(
+                TaskInstanceHistory.dag_id == dr.dag_id,
+                TaskInstanceHistory.run_id == dr.run_id,
+                TaskInstanceHistory.task_id == task_id,
+                TaskInstanceHistory.map_index == map_index,
+            )
+            .order_by(TaskInstanceHistory.try_number)
+        ).all()
+        for row in rows:
+            session.expunge(row)
+    return list(rows)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG
-from dagtest import all_xcom_text, run_dag, task_instances, xcom
+from dagtest import all_xcom_text, connection_env, run_dag, task_instances, try_history, xcom
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 
@@ -151,3 +151,27 @@ json.dump({"values": list(range(30000))}, open("/work/result.json", "w"))
     result_uri = xcom(dr, "big")
     assert isinstance(result_uri, str) and result_uri.endswith("result.json")
     assert json.loads(Path(result_uri.removeprefix("file://")).read_text()) == {"values": list(range(30000))}
+
+
+def test_capacity_refusal_is_redelivered_after_the_retry_after(airflow_env, make_local_server, monkeypatch):
+    server = make_local_server(max_sandboxes=1)
+    for name, value in connection_env(server, "pandastack_full", create_budget=0).items():
+        monkeypatch.setenv(name, value)
+    holder = server.client().sandboxes.create(template="base", ttl_seconds=60)
+    with DAG("ps_capacity", schedule=None, start_date=START) as dag:
+        PandaStackSandboxOperator(
+            task_id="crowded",
+            command="echo '{\"ran\": true}' > result.json",
+            pandastack_conn_id="pandastack_full",
+            retries=2,
+            retry_delay=timedelta(seconds=0),  # the server's Retry-After must win over this
+            on_retry_callback=lambda context: holder.kill(),  # capacity frees up after the refusal
+        )
+    dr = run_dag(dag)
+    ti = task_instances(dr)[("crowded", -1)]
+    assert ti.state == "success" and ti.try_number == 2
+    assert xcom(dr, "crowded") == {"ran": True}
+    (first,) = try_history(dr, "crowded")
+    waited = (ti.start_date - first.end_date).total_seconds()
+    assert waited >= 4.5, waited  # "no compute capacity": Retry-After 5 s
+    assert server.client().sandboxes.list() == []
