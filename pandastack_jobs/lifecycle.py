@@ -334,15 +334,20 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Statuses of a sandbox that can no longer run the job (the API's `failed`: its processes died).
+_LOST_STATUSES = frozenset({"failed", "stopping", "deleted"})
+
+
 def _sandbox_exists(client: pandastack.Client, sandbox_id: str) -> bool:
-    """False only when the server says the sandbox is gone (an unreachable server proves nothing)."""
+    """False only when the server says the sandbox is gone or dead (an unreachable server proves
+    nothing)."""
     try:
-        client.sandboxes.get(sandbox_id)
+        sb = client.sandboxes.get(sandbox_id)
     except pandastack.NotFoundError:
         return False
     except (pandastack.PandastackError, OSError):
         return True
-    return True
+    return str(getattr(sb, "status", "") or "").lower() not in _LOST_STATUSES
 
 
 def run_job(
