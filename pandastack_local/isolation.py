@@ -192,7 +192,14 @@ def spawn(
         limits: dict[str, int] = {"nofile": template.nofile}
         if "memory" not in cgroups.bases:
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
-        argv = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits)
+        full = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits)
+        # The sandbox's init is a bwrap process whose /proc cmdline and environ the job can read:
+        # its arguments (host paths) go through a pipe, and it runs in / with no extra variables.
+        command_at = full.index(GUEST_PYTHON)
+        args_r, args_w = os.pipe()
+        with os.fdopen(args_w, "wb") as args_file:
+            args_file.write(b"".join(a.encode() + b"\0" for a in full[1:command_at]))
+        argv = [full[0], "--args", str(args_r), *full[command_at:]]
         env = {"PATH": "/usr/bin:/bin"}
         if procs_files:
             # Join the cgroups first, then exec bwrap: nothing of the sandbox runs unlimited.
@@ -200,18 +207,22 @@ def spawn(
             argv = [
                 "/bin/sh",
                 "-c",
-                'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; exec "$@"',
+                'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; exec "$@"',
                 "sh",
                 *argv,
             ]
-        proc = subprocess.Popen(
-            argv,
-            pass_fds=(listener.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
-            env=env,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=(listener.fileno(), args_r),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
+                env=env,
+                cwd="/",
+            )
+        finally:
+            os.close(args_r)
     finally:
         listener.close()
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
