@@ -37,7 +37,7 @@ TTL = JOB_TIMEOUT + 60
 
 
 def raw_sdk_job(client: pandastack.Client) -> Any:
-    """(a) The seed's loop, by hand: create → write ×2 → exec → read → delete in ``finally``."""
+    """(a) The seed's loop, by hand: create → write two files → exec → read → delete in ``finally``."""
     sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex})
     try:
         sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())

@@ -1,0 +1,109 @@
+"""Where the core's time over the raw SDK loop goes: one difference at a time, interleaved.
+
+Run: ``python -m benchmarks.breakdown [--rounds R --batch B]``. The core does three
+things the seed's hand-written loop does not, each for a reason:
+
+- ``stream``: ``exec_stream`` (SSE) instead of ``exec``, so output reaches the
+  engine's log while the job runs;
+- ``guard``: the guest-side hard timeout (``mkdir -p /work && cd /work && exec env
+  ... timeout -k 5 T sh -c CMD``), because the server's timeout is not trusted;
+- ``stat``: a ``stat`` before reading the result, so an oversized result is
+  refused before it is pulled into the orchestrator's memory.
+
+Variant ``raw+X`` is the raw loop (:func:`benchmarks.overhead.raw_sdk_job`) plus
+only X; ``core`` is ``run_job``. cProfile cannot attribute this (the time is spent
+waiting on sockets for the server and the guest), so it is attributed by
+difference, under the same drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pandastack
+
+from benchmarks.common import (
+    EXPECTED,
+    JOB_CODE,
+    JOB_INPUT,
+    JOB_TIMEOUT,
+    TEMPLATE,
+    interleaved,
+    log,
+    machine,
+    summary,
+    write_json,
+)
+from benchmarks.overhead import TTL, core_job, raw_sdk_job
+
+
+def variant(client: pandastack.Client, *, stream: bool, guard: bool, stat: bool) -> Callable[[], Any]:
+    """The raw loop with a chosen subset of the core's three additions."""
+    from pandastack_jobs import guest
+
+    command = "cd /work && python3 run.py"
+    if guard:
+        env = guest.job_env("/work/result.json", {})
+        command = guest.foreground_command("python3 run.py", JOB_TIMEOUT, env)
+
+    def run() -> Any:
+        sb = client.sandboxes.create(
+            template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex}
+        )
+        try:
+            sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())
+            sb.filesystem.write("/work/run.py", JOB_CODE.encode())
+            if stream:
+                chunks: list[str] = []
+                code = sb.exec_stream(
+                    command, on_stdout=chunks.append, on_stderr=chunks.append, timeout_seconds=JOB_TIMEOUT
+                )
+            else:
+                code = sb.exec(command, timeout_seconds=JOB_TIMEOUT).exit_code
+            if code != 0:
+                raise RuntimeError(f"exit {code}")
+            if stat:
+                sb.filesystem.stat("/work/result.json")
+            result = json.loads(sb.filesystem.read("/work/result.json"))
+        finally:
+            client.sandboxes.delete(sb.id)
+        assert result == EXPECTED, result
+        return result
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+    from pandastack_local import LocalServer
+
+    with LocalServer() as server:
+        client = server.client()
+        variants = {
+            "raw": lambda: raw_sdk_job(client),
+            "raw+stream": variant(client, stream=True, guard=False, stat=False),
+            "raw+guard": variant(client, stream=False, guard=True, stat=False),
+            "raw+stat": variant(client, stream=False, guard=False, stat=True),
+            "raw+all3": variant(client, stream=True, guard=True, stat=True),
+            "core": lambda: core_job(client),
+        }
+        log(f"breakdown: {args.rounds} rounds x {args.batch} jobs x {len(variants)} variants")
+        samples = interleaved(variants, args.rounds, args.batch)
+    out = {name: summary(values) for name, values in samples.items()}
+    base = out["raw"]["p50_ms"]
+    for stats in out.values():
+        stats["extra_p50_ms"] = round(stats["p50_ms"] - base, 2)
+        stats["ratio_p50"] = round(stats["p50_ms"] / base, 3)
+    data = {"machine": machine(), "n_per_variant": args.rounds * args.batch, "variants": out}
+    log(f"breakdown written to {write_json('breakdown', data)}")
+
+
+if __name__ == "__main__":
+    main()
