@@ -60,16 +60,19 @@ procs = []
 for pid in filter(str.isdigit, os.listdir("/proc")):
     if int(pid) == os.getpid():
         continue
-    try:
-        env = open(f"/proc/{pid}/environ", "rb").read()
+    try:  # a process may exit between the two reads
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
     except OSError:
         continue
-    if f"E2E_RUN_DIR={run_dir}".encode() in env or run_dir.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+    if f"E2E_RUN_DIR={run_dir}".encode() in env or run_dir.encode() in cmdline:
         procs.append(pid)
 ports = sorted(listening_ports() & ours)
 print(f"procs={' '.join(procs)} ports={' '.join(map(str, ports))}")
 PY
-)
+) || left="check failed"
   echo "e2e: after cleanup: $left"
   case "$left" in
     "procs= ports=") ;;
