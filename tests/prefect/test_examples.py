@@ -22,12 +22,10 @@ def pandastack_env(local_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path:
     monkeypatch.setenv("PREFECT_INTEGRATIONS_PANDASTACK_FILES_DIR", str(tmp_path / "files"))
 
 
-async def _artifact(key: str) -> Any:
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
+async def _artifacts(prefix: str) -> list[Any]:
     async with get_client() as client:
-        found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    return found[0] if found else None
+        found = await client.read_artifacts()
+    return [a for a in found if (a.key or "").startswith(prefix)]
 
 
 def test_scheduled_report_flow_publishes_the_report_artifact() -> None:
@@ -36,9 +34,10 @@ def test_scheduled_report_flow_publishes_the_report_artifact() -> None:
     assert rows[0]["outcome"] == "success" and "total revenue" in rows[0]["reason"]
     import asyncio
 
-    artifact = asyncio.run(_artifact("orders-report"))
-    assert artifact is not None and artifact.type == "markdown"
-    assert "# Orders report for " in artifact.data and "| north |" in artifact.data
+    artifacts = asyncio.run(_artifacts("orders-report"))
+    reports = [a for a in artifacts if a.type == "markdown" and "# Orders report for " in str(a.data)]
+    assert reports, [(a.key, a.type) for a in artifacts]
+    assert "| north |" in reports[0].data
 
 
 def test_tenant_transforms_flow_fails_only_the_hostile_tenants() -> None:
@@ -54,8 +53,11 @@ def test_tenant_transforms_flow_fails_only_the_hostile_tenants() -> None:
         "evil_fork_bomb",
         "evil_memory_hog",
     }
-    assert "exit code 137" in by_job["evil_memory_hog"]["reason"]
-    assert "timeout" in by_job["evil_fork_bomb"]["reason"]
+    # Killed at its memory wall (137), or by the clock when a sibling fork bomb slows it down:
+    # either way it is redelivered, then fails alone.
+    hog = by_job["evil_memory_hog"]["reason"]
+    assert ("exit code 137" in hog or "timeout" in hog) and "redeliver" in hog, hog
+    assert "[timeout, redeliver]" in by_job["evil_fork_bomb"]["reason"]
     assert (
         by_job["evil_escape"]["outcome"] == "success" and "breaches: none" in by_job["evil_escape"]["reason"]
     )

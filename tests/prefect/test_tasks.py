@@ -157,18 +157,30 @@ def test_timeout_not_retried_when_retry_on_timeout_is_off(credentials):
 
 
 TENANT_JOB = """
-import json
+import json, os, time
 t = json.load(open("/work/input.json"))
-if t.get("hostile"):
+if t.get("hostile") == "memory-hog":
     hog = []
     while True:
         hog.append(bytearray(16 * 1024 * 1024))
+if t.get("hostile") == "fork-bomb":
+    n = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            raise SystemExit("fork bomb hit the wall after %d forks" % n)
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
 json.dump({"tenant": t["name"], "score": len(t["name"])}, open("/work/result.json", "w"))
 """
 
 
-def test_map_over_six_tenants_only_the_hostile_one_fails(credentials):
-    tenants = [{"name": f"tenant-{i}", "hostile": i == 3} for i in range(6)]
+@pytest.mark.parametrize("hostile", ["memory-hog", "fork-bomb"])
+def test_map_over_six_tenants_only_the_hostile_one_fails(credentials, hostile):
+    tenants = [{"name": f"tenant-{i}", "hostile": hostile if i == 3 else None} for i in range(6)]
 
     @flow
     def tenants_flow() -> list[tuple[str, str]]:
@@ -190,8 +202,9 @@ def test_map_over_six_tenants_only_the_hostile_one_fails(credentials):
     assert results == {f"tenant-{i}": ("FAILED" if i == 3 else "COMPLETED") for i in range(6)}
     runs = task_runs(flow_run_id(state))
     failed = [r for r in runs if r.state.is_failed()]
-    assert len(failed) == 1 and failed[0].run_count == 2  # the OOM kill (137) is redelivered once
-    assert "137" in (failed[0].state.message or "")
+    assert len(failed) == 1 and failed[0].run_count == 2  # a crash is redelivered once, then fails
+    expected = "exit code 137" if hostile == "memory-hog" else "fork bomb hit the wall"
+    assert expected in (failed[0].state.message or ""), failed[0].state.message
 
 
 @sandbox_task
