@@ -16,7 +16,11 @@ from pydantic import Field, SecretStr
 from pandastack_jobs import ConnectionConfig, Redactor
 from pandastack_jobs.connection import DEFAULT_REQUEST_TIMEOUT
 
-LOGO_URL = "https://avatars.githubusercontent.com/u/39270919?s=200&v=4"
+# Assumed repository location: the project has not published its URL yet. The logo
+# file (a square PNG, 46-999 px) still has to be added at docs/img/pandastack-logo.png.
+LOGO_URL = (
+    "https://raw.githubusercontent.com/pandastack-io/pandastack-workflows/main/docs/img/pandastack-logo.png"
+)
 DOCS_URL = "https://github.com/pandastack-io/pandastack-workflows/blob/main/docs/prefect.md"
 
 
