@@ -27,20 +27,27 @@ def rows_for(dag_id: str) -> list[dict[str, Any]]:
             select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run.run_id)
         ).all()
         rows = []
-        for ti in sorted(tis, key=lambda t: (t.start_date or run.run_after, t.map_index)):
-            summary = session.scalars(
+
+        def xcom(ti: Any, key: str) -> Any:
+            value = session.scalars(
                 select(XComModel.value).where(
                     XComModel.dag_id == dag_id,
                     XComModel.run_id == run.run_id,
                     XComModel.task_id == ti.task_id,
                     XComModel.map_index == ti.map_index,
-                    XComModel.key == "pandastack",
+                    XComModel.key == key,
                 )
             ).first()
-            summary = json.loads(summary) if isinstance(summary, str) else summary
+            return value  # the JSON column is already decoded
+
+        for ti in sorted(tis, key=lambda t: (t.start_date or run.run_after, t.map_index)):
+            summary = xcom(ti, "pandastack")
             label = ti.rendered_map_index or (str(ti.map_index) if ti.map_index >= 0 else "")
             job = f"{dag_id}.{ti.task_id}" + (f"[{label}]" if label else "")
-            reason = (summary or {}).get("reason") or ""
+            summary = summary or {}
+            reason = summary.get("reason") or ""
+            if summary.get("class"):
+                reason = f"[{summary.get('kind')}, {summary['class']}] {reason}"
             state = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
             rows.append(
                 {
@@ -49,6 +56,7 @@ def rows_for(dag_id: str) -> list[dict[str, Any]]:
                     "outcome": state,
                     "reason": f"{reason} (tries: {ti.try_number})" if reason else f"tries: {ti.try_number}",
                     "seconds": float(ti.duration or 0.0),
+                    "result": xcom(ti, "return_value"),
                 }
             )
         return rows

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 
-class Row(TypedDict):
-    """One line of the demo's summary table."""
+class Row(TypedDict, total=False):
+    """One line of the demo's summary table (``result``: the job's JSON result, when read)."""
 
     engine: str
     job: str
     outcome: str  # "success" or "failed"
     reason: str
     seconds: float
+    result: Any
 
 
 # Jobs that must fail (hostile on purpose), by the name that appears in ``Row["job"]``.

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import signal
+import subprocess
 import time
 import uuid
 from collections import deque
@@ -31,7 +32,8 @@ DEFAULT_TTL_SECONDS = 300
 MAX_FORK_COUNT = 16
 CAPACITY_RETRY_AFTER = "1"
 LOG_LINES = 2000
-READY_TIMEOUT_SECONDS = 15.0
+READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take seconds to start python
+AGENT_LOSS_SETTLE_SECONDS = 3.0
 
 
 class ApiError(Exception):
@@ -155,6 +157,14 @@ class SandboxManager:
             sb.status = "failed"
             raise ApiError(500, "sandbox is not running (its processes have exited)")
         return sb
+
+    async def agent_lost(self, sb: Sandbox) -> None:
+        """The agent went away mid-request: the sandbox is dying (the agent is its init's only
+        child). Wait briefly for it to exit, so a client asking right after sees ``failed``."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(sb.process.proc.wait, AGENT_LOSS_SETTLE_SECONDS)
+        if sb.status in ("running", "paused") and not sb.process.alive():
+            sb.status = "failed"
 
     @contextlib.contextmanager
     def activity(self, sb: Sandbox) -> Any:

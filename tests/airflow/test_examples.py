@@ -48,8 +48,13 @@ def test_tenant_transforms_fail_only_the_hostile_tenants(example_env: dict[str, 
     assert not surprises(rows), json.dumps(rows, indent=1)
     hog = by_job["pandastack_tenant_transforms.transform[evil_memory_hog]"]
     bomb = by_job["pandastack_tenant_transforms.transform[evil_fork_bomb]"]
-    assert hog["outcome"] == "failed" and "exit code 137" in hog["reason"] and "tries: 2" in hog["reason"]
-    assert bomb["outcome"] == "failed" and "timeout" in bomb["reason"]
+    assert hog["outcome"] == "failed" and "tries: 2" in hog["reason"], hog
+    assert "[exit_code, redeliver] job failed with exit code 137" in hog["reason"], hog
+    assert (
+        bomb["outcome"] == "failed"
+        and "[timeout, redeliver]" in bomb["reason"]
+        and "tries: 2" in bomb["reason"]
+    )
     honest = [r for j, r in by_job.items() if "transform[" in j and "evil_" not in j]
     assert len(honest) == 4 and all(r["outcome"] == "success" for r in honest)
     escape = by_job["pandastack_tenant_transforms.transform[evil_escape]"]
