@@ -235,6 +235,11 @@ class JobRun:
                 if not _sandbox_exists(self.client, self.sandbox.id):
                     kind = FailureKind.SANDBOX_LOST
             outcome_kw.update(self._failure(kind, exc, step, outcome_kw.get("exit_code")))
+        except BaseException:
+            # Ctrl-C or an engine's termination signal mid-job: delete, then let it propagate.
+            self.succeeded = False
+            self._finish_teardown()
+            raise
         teardown_error = self._finish_teardown()
         self.times["total"] = time.monotonic() - started
         key = self.spec.key

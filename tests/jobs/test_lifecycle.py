@@ -230,3 +230,24 @@ def test_earlier_attempts_are_reaped_before_the_next_try(ps_client: pandastack.C
         assert unrelated.id in ids
     finally:
         unrelated.kill()
+
+
+def test_an_interrupt_mid_exec_still_deletes_the_sandbox(ps_client: pandastack.Client) -> None:
+    class Interrupt(BaseException):
+        """Stands in for KeyboardInterrupt or an engine's termination signal."""
+
+    created: list[str] = []
+
+    def interrupt_on_output(stream: str, chunk: str) -> None:
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_job(
+            ps_client,
+            JobSpec(command="echo started; sleep 60", timeout=90),
+            on_created=created.append,
+            on_output=interrupt_on_output,
+        )
+    assert created
+    with pytest.raises(pandastack.NotFoundError):
+        ps_client.sandboxes.get(created[0])
