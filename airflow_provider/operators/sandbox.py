@@ -237,6 +237,7 @@ class PandaStackSandboxOperator(BaseOperator):
         self.pandastack_conn_id = pandastack_conn_id
         self._handle: JobHandle | None = None
         self._detached_id: str | None = None
+        self._created_id: str | None = None
         self._killed = False
 
     # -- the job ---------------------------------------------------------------------------------
@@ -322,8 +323,9 @@ class PandaStackSandboxOperator(BaseOperator):
         self._killed = True
         if self._handle is not None:
             self._handle.cancel()
-        if self._detached_id is not None:
-            delete_sandbox(self.hook.get_conn(), self._detached_id)
+        # Deferrable: the sandbox of a job being started or finished (the trigger owns it in between).
+        for sandbox_id in {self._detached_id, self._created_id if self.deferrable else None} - {None}:
+            delete_sandbox(self.hook.get_conn(), str(sandbox_id))
         self.log.warning("PandaStack: task killed; its sandbox was deleted")
 
     # -- deferrable ------------------------------------------------------------------------------
@@ -380,6 +382,7 @@ class PandaStackSandboxOperator(BaseOperator):
         ti = context["ti"]
 
         def created(sandbox_id: str) -> None:
+            self._created_id = sandbox_id
             if store is not None:
                 try:
                     store.set(STATE_KEY, sandbox_id)
