@@ -37,8 +37,12 @@ def scheduled_report(report_date: str | None = None) -> dict:
 
 if __name__ == "__main__":
     if "--serve" in sys.argv:
+        from prefect.schedules import Cron
+
         scheduled_report.serve(
-            name="daily-orders-report", cron="0 6 * * *", parameters={}, tags=["pandastack", "example"]
+            name="daily-orders-report",
+            schedules=[Cron("0 6 * * *", timezone="Europe/Amsterdam")],
+            tags=["pandastack", "example"],
         )
     else:
         scheduled_report()
