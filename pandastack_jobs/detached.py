@@ -47,6 +47,7 @@ class DetachedJob:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DetachedJob:
+        """The inverse of :meth:`to_dict` (a trigger rebuilt in the triggerer process)."""
         return cls(
             sandbox_id=str(data["sandbox_id"]),
             started_at=float(data["started_at"]),

@@ -77,12 +77,14 @@ class OutputTail:
         self._size = 0
 
     def add(self, chunk: str) -> None:
+        """Append ``chunk``, dropping whole old chunks once the tail is long enough."""
         self._chunks.append(chunk)
         self._size += len(chunk)
         while self._size - len(self._chunks[0]) >= self._limit and len(self._chunks) > 1:
             self._size -= len(self._chunks.popleft())
 
     def text(self) -> str:
+        """The last ``limit`` characters seen."""
         return "".join(self._chunks)[-self._limit :]
 
 

@@ -47,6 +47,7 @@ class Timings:
     total: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
+        """Seconds per step, rounded to 0.1 ms, for XCom and artifacts."""
         return {k: round(v, 4) for k, v in self.__dict__.items()}
 
 
