@@ -11,7 +11,7 @@ from .connection import ConnectionConfig
 from .detached import DetachedJob, SandboxGone, finish_detached, poll_detached, start_detached
 from .errors import JobArgumentsError, JobSpecError
 from .forkpool import WarmPool, WarmupFailed
-from .lifecycle import JobHandle, JobRun, run_job
+from .lifecycle import JobHandle, JobRun, reap_before, run_job
 from .outcome import FailureClass, FailureKind, JobOutcome, Timings
 from .pyfunc import function_job
 from .reaper import (
@@ -51,6 +51,7 @@ __all__ = [
     "finish_detached",
     "function_job",
     "poll_detached",
+    "reap_before",
     "reap_earlier_attempts",
     "redact",
     "run_job",

@@ -18,9 +18,8 @@ from pandastack import Sandbox
 
 from . import guest
 from .failures import StepError
-from .lifecycle import CreatedCallback, JobRun
+from .lifecycle import CreatedCallback, JobRun, reap_before
 from .outcome import FailureKind, JobOutcome
-from .reaper import reap_earlier_attempts
 from .redact import Redactor
 from .spec import JobSpec
 
@@ -72,8 +71,8 @@ def start_detached(
     Returns a :class:`DetachedJob` to poll, or the failure :class:`JobOutcome` if
     the job could not be started (its sandbox is already deleted then).
     """
-    if reap and spec.key is not None:
-        reap_earlier_attempts(client, spec.key)
+    if reap:
+        reap_before(client, spec)
     started: list[float] = []
 
     def launch(sb: Sandbox) -> tuple[int, float]:

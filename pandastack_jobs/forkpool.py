@@ -15,7 +15,7 @@ from types import TracebackType
 import pandastack
 from pandastack import Sandbox
 
-from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback
+from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
 from .outcome import JobOutcome
 from .reaper import delete_sandbox, sweep_forks
 from .redact import Redactor
@@ -95,6 +95,7 @@ class WarmPool:
             key=spec.key,
             classifier=spec.classifier,
         )
+        reap_before(self.client, parent_spec)  # a parent a killed earlier attempt left
         # On failure the runner deletes the parent; on success it is kept for forking.
         outcome = JobRun(self.client, parent_spec, redactor=self.redactor, keep_on_success=True).run()
         self.warmup_outcome = outcome
@@ -124,7 +125,12 @@ class WarmPool:
         on_output: OutputCallback | None = None,
         handle: JobHandle | None = None,
     ) -> JobOutcome:
-        """Run ``spec`` in a fresh fork of the parent; the child is deleted afterwards."""
+        """Run ``spec`` in a fresh fork of the parent; the child is deleted afterwards.
+
+        Sandboxes of earlier attempts of ``spec.key`` are reaped first, as by
+        :func:`~pandastack_jobs.run_job`.
+        """
+        reap_before(self.client, spec)
         run = JobRun(
             self.client,
             spec,

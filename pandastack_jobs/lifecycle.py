@@ -357,6 +357,24 @@ def _sandbox_exists(client: pandastack.Client, sandbox_id: str) -> bool:
     return str(getattr(sb, "status", "") or "").lower() not in _LOST_STATUSES
 
 
+def reap_before(client: pandastack.Client, spec: JobSpec) -> list[str]:
+    """Delete what earlier attempts of ``spec.key`` left (a worker killed mid-job), before a new one.
+
+    Best effort: if the server cannot be asked, the new attempt goes ahead and
+    the TTL backstop catches any orphan.
+    """
+    if spec.key is None:
+        return []
+    try:
+        reaped = reap_earlier_attempts(client, spec.key)
+    except pandastack.PandastackError as exc:
+        logger.warning("pandastack: could not look for orphans of earlier attempts: %s", exc)
+        return []
+    if reaped:
+        logger.info("pandastack: reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
+    return reaped
+
+
 def run_job(
     client: pandastack.Client,
     spec: JobSpec,
@@ -373,13 +391,7 @@ def run_job(
     (``spec.key``) are deleted. Job failures are returned as a classified
     :class:`JobOutcome`, never raised; only programming errors propagate.
     """
-    if reap and spec.key is not None:
-        try:
-            reaped = reap_earlier_attempts(client, spec.key)
-        except pandastack.PandastackError as exc:
-            logger.warning("pandastack: could not look for orphans of earlier attempts: %s", exc)
-        else:
-            if reaped:
-                logger.info("pandastack: reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
+    if reap:
+        reap_before(client, spec)
     run = JobRun(client, spec, on_created=on_created, on_output=on_output, handle=handle, redactor=redactor)
     return run.run()

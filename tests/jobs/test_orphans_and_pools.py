@@ -162,3 +162,21 @@ def test_detached_job_whose_sandbox_vanished_is_redelivered(ps_client: pandastac
     ps_client.sandboxes.delete(job.sandbox_id)
     outcome = finish_detached(ps_client, spec, job)
     assert outcome.kind is FailureKind.SANDBOX_LOST and outcome.redeliver
+
+
+def test_pool_jobs_and_parents_reap_earlier_attempts(ps_client: pandastack.Client) -> None:
+    old_job = ps_client.sandboxes.create(
+        template="base",
+        ttl_seconds=120,
+        metadata=JobKey("test", "wf", "fork-job", "r1", try_number=1).metadata(),
+    )
+    old_parent = ps_client.sandboxes.create(
+        template="base", ttl_seconds=120, metadata=JobKey("test", "wf", "warm", "r1", try_number=1).metadata()
+    )
+    warm_key = JobKey("test", "wf", "warm", "r1", try_number=2)
+    with WarmPool(ps_client, JobSpec(command="true", result_path=None, key=warm_key)) as pool:
+        assert old_parent.id not in {sb.id for sb in ps_client.sandboxes.list()}
+        job_key = JobKey("test", "wf", "fork-job", "r1", try_number=2)
+        outcome = pool.run(JobSpec(command="echo 1 > /work/result.json", key=job_key))
+        assert outcome.ok
+        assert old_job.id not in {sb.id for sb in ps_client.sandboxes.list()}
