@@ -46,8 +46,13 @@ def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
 
 
 def foreground_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
-    """The exec line of a job the orchestrator waits for."""
-    return f"mkdir -p {WORKDIR} && cd {WORKDIR} && exec {timed_command(command, timeout, env)}"
+    """The exec line of a job the orchestrator waits for.
+
+    ``mkdir`` runs only when the work directory is missing: spawning it on every job
+    cost ~5 ms per job in the guest (benchmarks/RESULTS.md, section 1b).
+    """
+    prepare = f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }} && cd {WORKDIR}"
+    return f"{prepare} && exec {timed_command(command, timeout, env)}"
 
 
 def detached_command(command: str, timeout: float, env: Mapping[str, str]) -> str:

@@ -26,9 +26,8 @@ def test_foreground_command_enforces_the_clock_in_the_guest() -> None:
     assert "timeout -s TERM -k 5 2.5 sh -c" in line
     assert "A='x y'" in line
     # The quoted command survives a real shell round trip.
-    out = subprocess.run(
-        ["sh", "-c", line.replace("mkdir -p /work && cd /work && ", "")], capture_output=True
-    )
+    prefix = "{ [ -d /work ] || mkdir -p /work; } && cd /work && "
+    out = subprocess.run(["sh", "-c", line.replace(prefix, "")], capture_output=True)
     assert out.returncode == 3 and out.stdout == b"hi\n"
 
 
