@@ -34,7 +34,6 @@ from pandastack_jobs import (
     JobSpecError,
     WarmPool,
     WarmupFailed,
-    reap_earlier_attempts,
 )
 from pandastack_jobs.forkpool import DEFAULT_PARENT_TTL
 from pandastack_jobs.spec import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT, FileContent
@@ -111,9 +110,6 @@ class PandaStackWarmPoolSetupOperator(BaseOperator):
             raise AirflowFailException(f"PandaStack warm-up is invalid: {exc}") from None
         client = self.hook.get_conn()
         reap_recorded(self.log, context, client)
-        reaped = reap_earlier_attempts(client, spec.key) if spec.key else []
-        if reaped:
-            self.log.warning("PandaStack: deleted parent(s) of earlier tries: %s", reaped)
         pool = WarmPool(client, warmup=spec, parent_ttl=self.parent_ttl, redactor=self.hook.redactor)
         try:
             parent_id = pool.start_parent()
@@ -165,10 +161,6 @@ class PandaStackForkOperator(PandaStackSandboxOperator):
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException("PandaStackForkOperator: parent_id is empty (did the setup task run?)")
-        if spec.key is not None:
-            reaped = reap_earlier_attempts(client, spec.key)
-            if reaped:
-                self.log.warning("PandaStack: deleted forks of earlier tries: %s", reaped)
         pool = WarmPool.attach(client, str(self.parent_id), redactor=self.hook.redactor)
         return pool.run(spec, on_created=on_created, on_output=on_output, handle=handle)
 
