@@ -203,6 +203,9 @@ def create_app(config: ServerConfig) -> FastAPI:
                         out[kind] += payload[: MAX_EXEC_OUTPUT - len(out[kind])]
                     elif kind == JSON:
                         final = payload
+            except agent_client.AgentUnavailable:
+                await manager.agent_lost(sb)
+                raise
             finally:
                 conn.close()
         stdout = out[STDOUT].decode("utf-8", "replace")
@@ -252,6 +255,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                                 sb.log(f"exit {payload.get('exit_code')}")
                                 yield sse("exit", {"exit_code": int(payload.get("exit_code", -1))})
                 except agent_client.AgentUnavailable as exc:
+                    await manager.agent_lost(sb)
                     yield sse("error", {"error": str(exc)})
                 finally:
                     conn.close()
