@@ -140,6 +140,12 @@ finally:
     print("sockets opened:", len(socks), flush=True)
 """
 
+RESULT_BOMB = """
+import os
+with open(os.environ["JOB_RESULT"], "w") as f:   # 24 MiB of JSON aimed at the orchestrator
+    f.write("[" + ",".join(["1" * 1000] * 24 * 1024) + "]")
+"""
+
 KILL_EVERYTHING = """
 import os, signal
 print("killing every process I can see", flush=True)
@@ -165,7 +171,12 @@ class Hostile:
 
     @property
     def failure_class(self) -> FailureClass:
-        if self.kind in (FailureKind.PERMANENT_EXIT_CODE, FailureKind.RESULT_MISSING):
+        if self.kind in (
+            FailureKind.PERMANENT_EXIT_CODE,
+            FailureKind.RESULT_MISSING,
+            FailureKind.RESULT_INVALID,
+            FailureKind.RESULT_TOO_LARGE,
+        ):
             return FailureClass.DEAD_LETTER
         return FailureClass.REDELIVER
 
@@ -264,6 +275,13 @@ HOSTILE_CASES = [
         counter="sockets opened:",
         wall=128,
         stderr_has="Too many open files",
+    ),
+    Hostile(
+        "result_bomb",
+        "exit 0 with a 24 MiB result.json (past the 16 MiB cap)",
+        RESULT_BOMB,
+        FailureKind.RESULT_TOO_LARGE,
+        "the size is checked before reading: result_too_large, dead-letter; the orchestrator never loads it",
     ),
     Hostile(
         "kill_everything",

@@ -1,0 +1,257 @@
+"""A representative subset of the hostile matrix, and a 200-job soak, through the Airflow operator
+(``dag.test()``, SQLite, in this process: the orchestrator). Runs in ``.venv-airflow`` only."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow")
+
+import pendulum
+from airflow.sdk import DAG
+from rel_support import (
+    CANARY_VALUE,
+    FAKE_TOKEN,
+    HOSTILE,
+    SIBLING_JOB,
+    TEMPLATE,
+    TENANTS,
+    hostile_files,
+    orchestrator_usage,
+    secret_free,
+    sibling_expected,
+    sibling_rows,
+)
+from sqlalchemy import select
+
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+
+pytestmark = pytest.mark.reliability
+
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
+# The subset: one per family (memory, processes, CPU, disk, descriptors, result, kill).
+SUBSET = [
+    "memory_hog",
+    "fork_bomb",
+    "hot_loop",
+    "fill_work",
+    "open_sockets",
+    "result_bomb",
+    "kill_everything",
+]
+
+
+@pytest.fixture(scope="module")
+def airflow_env(rel_server: Any) -> Any:
+    home = Path(os.environ["AIRFLOW_HOME"])
+    if not (home / ".migrated").exists():
+        proc = subprocess.run(
+            [AIRFLOW_BIN, "db", "migrate"], capture_output=True, text=True, timeout=300, check=False
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (home / ".migrated").touch()
+    conn = {
+        "conn_type": "pandastack",
+        "host": rel_server.url,
+        "password": rel_server.api_key,
+        "extra": {"max_create_retry_seconds": 60},
+    }
+    os.environ["AIRFLOW_CONN_PANDASTACK_DEFAULT"] = json.dumps(conn)
+    yield home
+    os.environ.pop("AIRFLOW_CONN_PANDASTACK_DEFAULT", None)
+
+
+def run_dag(dag: DAG) -> Any:
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder=str(Path(os.environ["AIRFLOW_HOME"]) / "dags"))
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+    return dag.test()
+
+
+def task_instances(dr: Any) -> dict[tuple[str, int], Any]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
+        ).all()
+        for ti in tis:
+            session.expunge(ti)
+    return {(ti.task_id, ti.map_index): ti for ti in tis}
+
+
+def xcoms(dr: Any) -> dict[tuple[str, int, str], Any]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(XComModel).where(XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id)
+        ).all()
+        return {(r.task_id, r.map_index, r.key): XComModel.deserialize_value(r) for r in rows}
+
+
+def rendered_text(dr: Any) -> str:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(RenderedTaskInstanceFields).where(
+                RenderedTaskInstanceFields.dag_id == dr.dag_id,
+                RenderedTaskInstanceFields.run_id == dr.run_id,
+            )
+        ).all()
+        return "\n".join(str(r.rendered_fields) for r in rows)
+
+
+def sibling(task_id: str, i: int, **kwargs: Any) -> PandaStackSandboxOperator:
+    return PandaStackSandboxOperator(
+        task_id=task_id,
+        command="python3 sibling.py",
+        files={"sibling.py": SIBLING_JOB},
+        input={"rows": sibling_rows(i)},
+        template=TEMPLATE,
+        timeout=90,
+        retries=0,
+        **kwargs,
+    )
+
+
+def test_airflow_hostile_subset_fails_alone(
+    airflow_env: Any, rel_server: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with DAG("rel_hostile", schedule=None, start_date=START) as dag:
+        before = sibling("sibling_before", 0)
+        after = sibling("sibling_after", 1, trigger_rule="all_done")
+        hostile = [
+            PandaStackSandboxOperator(
+                task_id=name,
+                command="python3 job.py",
+                files=hostile_files(HOSTILE[name]),
+                template=TEMPLATE,
+                timeout=HOSTILE[name].timeout,
+                retries=0,
+            )
+            for name in SUBSET
+        ]
+        # Redelivery and dead-letter as the engine sees them: retried once vs. failed at once.
+        retried = PandaStackSandboxOperator(
+            task_id="hot_loop_retried",
+            command="python3 -c 'while True: pass'",
+            template=TEMPLATE,
+            timeout=2,
+            retries=1,
+            retry_delay=timedelta(seconds=0),
+        )
+        dead = PandaStackSandboxOperator(
+            task_id="result_bomb_not_retried",
+            command="python3 job.py",
+            files=hostile_files(HOSTILE["result_bomb"]),
+            template=TEMPLATE,
+            timeout=30,
+            retries=3,
+            retry_delay=timedelta(seconds=0),
+        )
+        escape = PandaStackSandboxOperator(
+            task_id="evil_escape",
+            command="python3 job.py",
+            files={"job.py": (TENANTS / "evil_escape.py").read_text()},
+            template=TEMPLATE,
+            timeout=60,
+            permanent_exit_codes=[3],  # a breach: dead-letter
+            retries=0,
+        )
+        before >> [*hostile, retried, dead, escape] >> after
+    usage_before = orchestrator_usage()
+    dr = run_dag(dag)
+    usage_after = orchestrator_usage()
+    tis = task_instances(dr)
+    values = xcoms(dr)
+
+    for name in SUBSET:
+        ti = tis[(name, -1)]
+        summary = values[(name, -1, "pandastack")]
+        assert ti.state == "failed" and ti.try_number == 1, (name, ti.state, summary)
+        assert summary["kind"] == HOSTILE[name].kind.value, (name, summary)
+        assert summary["class"] == HOSTILE[name].failure_class.value, (name, summary)
+    assert tis[("hot_loop_retried", -1)].state == "failed"
+    assert tis[("hot_loop_retried", -1)].try_number == 2  # redelivered once, in a fresh sandbox
+    assert values[("hot_loop_retried", -1, "pandastack")]["kind"] == "timeout"
+    assert tis[("result_bomb_not_retried", -1)].state == "failed"
+    assert tis[("result_bomb_not_retried", -1)].try_number == 1  # dead-letter: 3 retries unused
+    assert tis[("evil_escape", -1)].state == "success"
+    assert values[("evil_escape", -1, "return_value")]["breaches"] == []
+
+    for task_id, i in (("sibling_before", 0), ("sibling_after", 1)):
+        assert tis[(task_id, -1)].state == "success"
+        assert values[(task_id, -1, "return_value")] == sibling_expected(i)
+
+    # The worker (this process) kept its memory and descriptors; nothing is left.
+    assert usage_after[1] <= usage_before[1] + 5, (usage_before, usage_after)
+    assert usage_after[0] - usage_before[0] < 200 * 1024, (usage_before, usage_after)
+    assert rel_server.client().sandboxes.list() == []
+    used = [v for k, v in values.items() if k[2] == "sandbox_id"]
+    assert len(used) >= len(SUBSET) + 5
+    assert [s for s in used if (Path(rel_server.state_dir) / "sandboxes" / s).exists()] == []
+
+    # No secret in XCom, rendered fields or the task logs; token-shaped output is masked.
+    stored = json.dumps({str(k): v for k, v in values.items()}, default=str) + rendered_text(dr)
+    logs = capfd.readouterr()
+    assert secret_free(stored + logs.out + logs.err, rel_server.api_key, CANARY_VALUE) == []
+    assert FAKE_TOKEN not in logs.out + logs.err
+
+
+SOAK_TOTAL = 200
+SOAK_WARMUP = 20
+SOAK_JOB = 'n=$(cat "$JOB_INPUT"); echo "{\\"n\\": $n, \\"square\\": $((n * n))}" > "$JOB_RESULT"\n'
+
+
+def soak_dag(dag_id: str, count: int) -> DAG:
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        PandaStackSandboxOperator.partial(
+            task_id="job",
+            command="sh job.sh",
+            files={"job.sh": SOAK_JOB},
+            template=TEMPLATE,
+            timeout=60,
+            retries=0,
+            log_output=False,
+        ).expand(input=list(range(count)))
+    return dag
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_airflow_soak_200_jobs(airflow_env: Any, rel_server: Any) -> None:
+    warm = run_dag(soak_dag("rel_soak_warmup", SOAK_WARMUP))
+    assert warm.state == "success"
+    gc.collect()
+    rss_warm, fds_warm = orchestrator_usage()
+    dr = run_dag(soak_dag("rel_soak", SOAK_TOTAL))
+    gc.collect()
+    rss_end, fds_end = orchestrator_usage()
+    tis = task_instances(dr)
+    values = xcoms(dr)
+    assert sorted(ti.state for ti in tis.values()) == ["success"] * SOAK_TOTAL
+    assert [values[("job", n, "return_value")] for n in range(SOAK_TOTAL)] == [
+        {"n": n, "square": n * n} for n in range(SOAK_TOTAL)
+    ]
+    assert rss_end < rss_warm * 1.05, (rss_warm, rss_end)
+    assert fds_end <= fds_warm + 2, (fds_warm, fds_end)
+    assert rel_server.client().sandboxes.list() == []

@@ -1,0 +1,262 @@
+"""A representative subset of the hostile matrix, and a 200-job soak, through the Prefect task
+(``run_in_sandbox`` in real flows on an ephemeral Prefect API). Runs in ``.venv-prefect`` only."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+pytest.importorskip("prefect")
+
+from prefect import flow, unmapped
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.logging.handlers import APILogWorker
+from prefect.testing.utilities import prefect_test_harness
+from rel_support import (
+    CANARY_VALUE,
+    ESCAPE_PROBE,
+    FAKE_TOKEN,
+    HOSTILE,
+    SIBLING_JOB,
+    TEMPLATE,
+    hostile_files,
+    orchestrator_usage,
+    secret_free,
+    sibling_expected,
+    sibling_rows,
+)
+
+from prefect_blocks import PandaStackCredentials, PandaStackSandbox, SandboxJobFailed, run_in_sandbox
+
+pytestmark = pytest.mark.reliability
+
+SUBSET = ["decompression_bomb", "threads", "exponential_regex", "fill_tmp", "open_files", "kill_everything"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_api() -> Iterator[None]:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def fast_redelivery(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFECT_INTEGRATIONS_PANDASTACK_RETRY_BASE_SECONDS", "0.2")
+
+
+@pytest.fixture
+def block(rel_server: Any) -> PandaStackSandbox:
+    credentials = PandaStackCredentials(api_url=rel_server.url, api_key=rel_server.api_key)
+    return PandaStackSandbox(credentials=credentials, template=TEMPLATE, timeout=90)
+
+
+def run_id(state: Any) -> Any:
+    return state.state_details.flow_run_id
+
+
+def artifacts_text(flow_run: Any) -> str:
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run]))
+        )
+    return "\n".join(f"{a.key} {a.data} {a.description}" for a in found)
+
+
+def logs_text(flow_run: Any) -> str:
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run])))
+    return "\n".join(r.message for r in records)
+
+
+def task_runs(flow_run: Any) -> list[Any]:
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run])))
+
+
+def failure_of(future: Any) -> dict[str, str] | None:
+    """The job's failure as the task raised it (None if it succeeded)."""
+    try:
+        future.result()
+    except SandboxJobFailed as exc:
+        return {"kind": exc.kind.value, "class": "redeliver" if exc.redeliver else "dead_letter"}
+    return None
+
+
+def prefect_api_port() -> int:
+    from prefect.settings import PREFECT_API_URL
+
+    return urlparse(PREFECT_API_URL.value()).port or 0
+
+
+@pytest.fixture(scope="module")
+def warm(rel_server: Any) -> None:
+    """One flow of the same shape first: Prefect's API clients, log and event workers and the task
+    thread pool start on first use, so later fd/RSS deltas are the job's, not Prefect's start-up."""
+    credentials = PandaStackCredentials(api_url=rel_server.url, api_key=rel_server.api_key)
+    quiet = PandaStackSandbox(credentials=credentials, template=TEMPLATE, timeout=90)
+
+    @flow
+    def warm_flow() -> list[Any]:
+        futures = [
+            run_in_sandbox.submit(
+                "python3 sibling.py", {"sibling.py": SIBLING_JOB}, {"rows": sibling_rows(i)}, sandbox=quiet
+            )
+            for i in range(len(SUBSET) + 2)
+        ]
+        return [f.result() for f in futures]
+
+    assert warm_flow() == [sibling_expected(i) for i in range(len(SUBSET) + 2)]
+
+
+def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSandbox, warm: None) -> None:
+    names = SUBSET
+
+    @flow
+    def hostile_flow() -> dict[str, Any]:
+        before = run_in_sandbox.submit(
+            "python3 sibling.py",
+            {"sibling.py": SIBLING_JOB},
+            {"rows": sibling_rows(0)},
+            sandbox=block,
+            job_name="sibling-0",
+        )
+        bad = {
+            name: run_in_sandbox.with_options(retries=0).submit(
+                "python3 job.py",
+                hostile_files(HOSTILE[name]),
+                sandbox=block,
+                timeout=HOSTILE[name].timeout,
+                job_name=name,
+            )
+            for name in names
+        }
+        after = run_in_sandbox.submit(
+            "python3 sibling.py",
+            {"sibling.py": SIBLING_JOB},
+            {"rows": sibling_rows(1)},
+            sandbox=block,
+            job_name="sibling-1",
+        )
+        out: dict[str, Any] = {"before": before.result(), "after": after.result()}
+        for name, future in bad.items():
+            out[name] = failure_of(future)
+        return out
+
+    usage_before = orchestrator_usage()
+    state = hostile_flow(return_state=True)
+    usage_after = orchestrator_usage()
+    assert state.is_completed(), state.message
+    out = state.result()
+    assert out["before"] == sibling_expected(0) and out["after"] == sibling_expected(1)
+    for name in names:
+        assert out[name] == {"kind": HOSTILE[name].kind.value, "class": HOSTILE[name].failure_class.value}, (
+            name,
+            out[name],
+        )
+
+    flow_run = run_id(state)
+    text = logs_text(flow_run) + artifacts_text(flow_run)
+    assert secret_free(text, rel_server.api_key, CANARY_VALUE) == []
+    assert FAKE_TOKEN not in text and "token ***" in text
+    assert usage_after[1] <= usage_before[1] + 8, (usage_before, usage_after)
+    assert usage_after[0] - usage_before[0] < 200 * 1024, (usage_before, usage_after)
+    assert rel_server.client().sandboxes.list() == []
+
+
+def test_prefect_redeliver_retries_and_dead_letter_does_not(block: PandaStackSandbox) -> None:
+    @flow
+    def classes_flow() -> Any:
+        timed_out = run_in_sandbox.with_options(retries=1).submit(
+            "python3 -c 'while True: pass'", sandbox=block, timeout=2, job_name="hot-loop"
+        )
+        bomb = run_in_sandbox.with_options(retries=3).submit(
+            "python3 job.py", hostile_files(HOSTILE["result_bomb"]), sandbox=block, job_name="result-bomb"
+        )
+        return failure_of(timed_out), failure_of(bomb)
+
+    state = classes_flow(return_state=True)
+    assert state.result() == (
+        {"kind": "timeout", "class": "redeliver"},
+        {"kind": "result_too_large", "class": "dead_letter"},
+    )
+    runs = task_runs(run_id(state))
+    assert sorted(r.run_count for r in runs) == [1, 2], [(r.name, r.run_count) for r in runs]
+    assert "result-bomb-dead-letter" in artifacts_text(run_id(state))
+
+
+def test_prefect_escape_probe_finds_nothing(rel_server: Any, block: PandaStackSandbox) -> None:
+    cfg = {
+        "markers": ["PS_RELIABILITY", "PANDASTACK", "PREFECT", "pds_"],
+        "host_words": [str(rel_server.state_dir), "pytest", "pandastack_local", "prefect.server"],
+        "host_env_words": [f"PWD={os.getcwd()}"],
+        "read_paths": [
+            os.environ.get("PREFECT_HOME", str(Path.home() / ".prefect")),
+            str(Path.home() / ".prefect"),
+            str(rel_server.state_dir),
+        ],
+        "sibling_token": "no-sibling-here",
+        "tcp": [["127.0.0.1", rel_server.port], ["127.0.0.1", prefect_api_port()], ["1.1.1.1", 53]],
+        "write_paths": [f"/tmp/ps-rel-prefect-escape-{os.getpid()}"],
+        "kill_pids": [os.getpid(), rel_server.pid],
+    }
+
+    @flow
+    def escape_flow() -> Any:
+        return run_in_sandbox("python3 probe.py", {"probe.py": ESCAPE_PROBE}, cfg, sandbox=block)
+
+    state = escape_flow(return_state=True)
+    assert state.is_completed(), state.message
+    seen = state.result()
+    for key in ("env_markers", "host_cmdlines", "host_env", "readable", "connected", "killed"):
+        assert seen[key] == [], (key, seen[key])
+    assert secret_free(seen["env_text"], rel_server.api_key, CANARY_VALUE) == []
+    assert not Path(cfg["write_paths"][0]).exists()
+    text = logs_text(run_id(state)) + artifacts_text(run_id(state))
+    assert secret_free(text, rel_server.api_key, CANARY_VALUE) == []
+
+
+SOAK_TOTAL = 200
+SOAK_WARMUP = 20
+SOAK_JOB = 'n=$(cat "$JOB_INPUT"); echo "{\\"n\\": $n, \\"square\\": $((n * n))}" > "$JOB_RESULT"\n'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_prefect_soak_200_jobs(rel_server: Any, block: PandaStackSandbox) -> None:
+    quiet = block.model_copy(update={"publish_artifacts": False})
+
+    @flow
+    def soak_flow(count: int) -> list[Any]:
+        futures = run_in_sandbox.map(
+            unmapped("sh job.sh"),
+            unmapped({"job.sh": SOAK_JOB}),
+            list(range(count)),
+            sandbox=unmapped(quiet),
+        )
+        return [f.result() for f in futures]
+
+    assert soak_flow(SOAK_WARMUP) == [{"n": n, "square": n * n} for n in range(SOAK_WARMUP)]
+    gc.collect()
+    rss_warm, fds_warm = orchestrator_usage()
+    assert soak_flow(SOAK_TOTAL) == [{"n": n, "square": n * n} for n in range(SOAK_TOTAL)]
+    gc.collect()
+    rss_end, fds_end = orchestrator_usage()
+    assert rss_end < rss_warm * 1.05, (rss_warm, rss_end)
+    assert fds_end <= fds_warm + 4, (fds_warm, fds_end)
+    assert rel_server.client().sandboxes.list() == []
