@@ -20,7 +20,11 @@ def test_providers_list_shows_the_provider_and_its_decorator(airflow_db):
     assert "airflow_provider.hooks.pandastack.PandaStackHook" in hooks.stdout
     from airflow.providers_manager import ProvidersManager
 
-    assert "pandastack" in ProvidersManager().taskflow_decorators  # @task.pandastack
+    manager = ProvidersManager()
+    assert "pandastack" in manager.taskflow_decorators  # @task.pandastack
+    # The connection form: relabelled host/password, the retry budget as an extra field.
+    assert manager.field_behaviours["pandastack"]["relabeling"] == {"host": "API URL", "password": "API key"}
+    assert "extra__pandastack__max_create_retry_seconds" in manager.connection_form_widgets
 
 
 def test_connections_test_via_cli_succeeds_and_a_wrong_key_fails_without_showing_it(

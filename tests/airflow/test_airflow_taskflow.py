@@ -56,6 +56,10 @@ def test_task_pandastack_round_trip_is_json_only(airflow_env, local_server):
         def no_pickles(value: object) -> None:
             return None
 
+        @task.pandastack(timeout=60, deferrable=True, poll_interval=0.5)
+        def stats_deferred(rows: list) -> dict:
+            return {"max": max(rows)}
+
         @task
         def check(result: dict) -> dict:
             assert result == {"n": 3, "mean": 40, "sandbox": True}
@@ -64,6 +68,7 @@ def test_task_pandastack_round_trip_is_json_only(airflow_env, local_server):
         data = rows()
         stats(data, scale=10)
         check(stats_ok(data, scale=10))
+        stats_deferred(data)
         no_pickles(dt.date(2024, 1, 1))
 
     dr = run_dag(dag)
@@ -71,6 +76,7 @@ def test_task_pandastack_round_trip_is_json_only(airflow_env, local_server):
     assert tis[("stats_ok", -1)].state == "success"
     assert xcom(dr, "stats_ok") == {"n": 3, "mean": 40, "sandbox": True}
     assert tis[("check", -1)].state == "success"
+    assert xcom(dr, "stats_deferred") == {"max": 6}  # the decorator in deferrable mode
     # The function runs in the sandbox, not here: a DAG-file global is not there.
     assert tis[("stats", -1)].state == "failed"
     assert "NameError" in xcom(dr, "stats", "pandastack")["reason"]
