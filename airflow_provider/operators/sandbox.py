@@ -281,6 +281,8 @@ class PandaStackSandboxOperator(BaseOperator):
         handle = self._handle = JobHandle()
         stream = TaskLogStream(self.log)
         try:
+            # An AirflowTaskTimeout or SIGTERM mid-job propagates through the core, which deletes
+            # the sandbox on its way out; on_kill cancels through the handle.
             outcome = self.run_spec(
                 context,
                 client,
@@ -289,11 +291,6 @@ class PandaStackSandboxOperator(BaseOperator):
                 on_output=stream if self.log_output else None,
                 handle=handle,
             )
-        except BaseException:
-            # AirflowTaskTimeout, SystemExit, KeyboardInterrupt are not Exceptions: the core's
-            # teardown does not see them. Delete the sandbox here (idempotent).
-            handle.cancel()
-            raise
         finally:
             stream.flush()
         return self.finish(context, outcome)

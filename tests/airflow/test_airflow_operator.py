@@ -97,6 +97,13 @@ def test_timeout_kills_the_job_on_time(airflow_env, local_server):
             retries=2,
             retry_delay=timedelta(seconds=0),
         )
+        # Airflow's own clock (SIGALRM → AirflowTaskTimeout → on_kill) also leaves no sandbox.
+        PandaStackSandboxOperator(
+            task_id="airflow_timeout",
+            command="sleep 120",
+            timeout=300,
+            execution_timeout=timedelta(seconds=2),
+        )
     started = time.monotonic()
     dr = run_dag(dag)
     elapsed = time.monotonic() - started
@@ -104,7 +111,8 @@ def test_timeout_kills_the_job_on_time(airflow_env, local_server):
     assert tis[("slow", -1)].state == "failed"
     assert tis[("slow_dead_letter", -1)].state == "failed"
     assert tis[("slow_dead_letter", -1)].try_number == 1  # retry_on_timeout=False: no retry
-    assert elapsed < 60, elapsed  # two 120 s sleeps were cut at ~2 s each
+    assert tis[("airflow_timeout", -1)].state == "failed"
+    assert elapsed < 60, elapsed  # three 120 s sleeps were cut at ~2 s each
 
 
 def test_mapped_tenants_only_the_hostile_one_fails(airflow_env, local_server):
