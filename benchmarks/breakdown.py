@@ -77,6 +77,30 @@ def variant(client: pandastack.Client, *, stream: bool, guard: bool, stat: bool)
     return run
 
 
+def guest_wrapper_cost(client: pandastack.Client, rounds: int) -> dict[str, Any]:
+    """Exec ``true`` bare vs under the core's guest wrapper, alternating, in one sandbox.
+
+    Isolates the wrapper's process starts (``timeout``, ``sh -c``, ``env``, and ``mkdir``
+    when ``/work`` is missing) from create/delete noise.
+    """
+    from pandastack_jobs import guest
+
+    wrapped = guest.foreground_command("true", JOB_TIMEOUT, guest.job_env("/work/result.json", {}))
+    sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL)
+    try:
+        samples = interleaved(
+            {
+                "exec_true": lambda: sb.exec("cd /work && true", timeout_seconds=JOB_TIMEOUT),
+                "exec_true_wrapped": lambda: sb.exec(wrapped, timeout_seconds=JOB_TIMEOUT),
+            },
+            rounds,
+            1,
+        )
+    finally:
+        client.sandboxes.delete(sb.id)
+    return {name: summary(values) for name, values in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -96,12 +120,18 @@ def main() -> None:
         }
         log(f"breakdown: {args.rounds} rounds x {args.batch} jobs x {len(variants)} variants")
         samples = interleaved(variants, args.rounds, args.batch)
+        wrapper = guest_wrapper_cost(client, args.rounds * args.batch * 3)
     out = {name: summary(values) for name, values in samples.items()}
     base = out["raw"]["p50_ms"]
     for stats in out.values():
         stats["extra_p50_ms"] = round(stats["p50_ms"] - base, 2)
         stats["ratio_p50"] = round(stats["p50_ms"] / base, 3)
-    data = {"machine": machine(), "n_per_variant": args.rounds * args.batch, "variants": out}
+    data = {
+        "machine": machine(),
+        "n_per_variant": args.rounds * args.batch,
+        "variants": out,
+        "guest_wrapper": wrapper,
+    }
     log(f"breakdown written to {write_json('breakdown', data)}")
 
 

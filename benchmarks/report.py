@@ -79,6 +79,10 @@ def overhead_section(targets: list[list[Any]]) -> str:
             ["(a) raw SDK loop, Prefect venv", *ms(p["a_raw_sdk"]), "1.00", ""],
             ["(d) Prefect `run_in_sandbox` task", *ms(p["d_prefect"]), d_a, "≤ 1.25"],
         ]
+    p99s = [f"b {r['b_core/a_raw_sdk']['p99']}", f"c {r['c_airflow/a_raw_sdk']['p99']}"]
+    if p:
+        p99s.append(f"d {p['ratios']['d_prefect/a_raw_sdk']['p99']}")
+    p99_line = ", ".join(p99s)
     targets += [
         ["(1) b/a, core vs raw SDK (p50)", b_a, "≤ 1.05", verdict(b_a, 1.05)],
         ["(1) c/a, Airflow operator vs raw SDK (p50)", c_a, "≤ 1.25", verdict(c_a, 1.25)],
@@ -94,9 +98,8 @@ against the (a) measured beside them.
 
 {table(["path", "N", "p50 ms", "p99 ms", "mean ms", "ratio p50 / (a)", "target"], rows)}
 
-p99/(a): b {r["b_core/a_raw_sdk"]["p99"]}, c {r["c_airflow/a_raw_sdk"]["p99"]}
-{f", d {p['ratios']['d_prefect/a_raw_sdk']['p99']}" if p else ""} (tails on a loaded shared machine are
-dominated by scheduling stalls, not by the code path).
+p99 / (a): {p99_line} (tails on a loaded shared machine are dominated by scheduling stalls,
+not by the code path).
 
 How (c) and (d) were run, honestly:
 - (c) is `PandaStackSandboxOperator(...).execute(context)` called directly in the driver's process.
@@ -118,7 +121,14 @@ def breakdown_section() -> str:
     b = load("breakdown")
     if not b:
         return ""
-    v = b["variants"]
+    v, w = b["variants"], b.get("guest_wrapper")
+    wrapper = (
+        f"The wrapper alone, measured as `exec true` bare vs wrapped in one sandbox (N = "
+        f"{w['exec_true']['n']}, alternating): {w['exec_true']['p50_ms']} vs "
+        f"{w['exec_true_wrapped']['p50_ms']} ms p50."
+        if w
+        else ""
+    )
     rows = [
         [name, s["n"], s["p50_ms"], s["p99_ms"], f"{s['extra_p50_ms']:+}", s["ratio_p50"]]
         for name, s in v.items()
@@ -129,23 +139,34 @@ cProfile of (a) and (b) shows both spend > 95 % of their wall time blocked in `s
 (waiting for the server and the guest); the core's own Python (`pandastack_jobs`: spec
 validation, redaction, output tail, classification) is under 1 ms per job. So the profile was
 taken by difference instead: the raw loop plus one of the core's three additions at a time,
-interleaved (N = {b["n_per_variant"]} each):
+interleaved (N = {b["n_per_variant"]} each; with N this small on a loaded machine single rows move
+by ±15 ms between runs, so read the pattern, not the digits):
 
 {table(["variant", "N", "p50 ms", "p99 ms", "p50 vs raw (ms)", "ratio p50"], rows)}
 
 - `stream`: `exec_stream` (SSE) instead of `exec`, so output reaches the task log while the job
   runs (the Airflow and Prefect live logs depend on it);
-- `guard`: the guest-side hard timeout wrapper (`mkdir -p /work && cd /work && exec env ...
-  timeout -k 5 T sh -c CMD`), because the server's exec timeout is not trusted (DESIGN.md); it
-  costs two extra exec()s and one fork in the guest;
+- `guard`: the guest-side hard timeout wrapper (`{{ [ -d /work ] || mkdir -p /work; }} && cd /work
+  && exec env ... timeout -k 5 T sh -c CMD`), because the server's exec timeout is not trusted
+  (DESIGN.md); it costs two extra exec()s (`env`, `timeout`) and one fork (`sh`) in the guest;
 - `stat`: one extra round trip, so an oversized result is refused before it is read into the
   orchestrator's memory.
 
-Each is a design rule, not an accident, and each costs one round trip or a few process
-starts in the guest (a few ms on an idle machine). Against a ~100-300 ms job on a loaded
-2-core machine, that is within the run-to-run noise of the medians, which is why b/a lands on
-either side of 1.05 from run to run. No change to the core was made: removing any of the three
-would trade away a safety rail for a few ms.
+{wrapper}
+
+Each addition is a design rule (DESIGN.md), not an accident, and each costs a round trip or a
+few process starts in the guest: a few ms on an idle machine, more on this loaded one, where
+every extra process start waits for a CPU. The one pure waste found was the wrapper's
+`mkdir -p /work` on every job (a process start, ~5 ms here, for a directory that exists);
+**fix made**: `pandastack_jobs/guest.py` now runs `mkdir` only when `/work` is missing. The
+rest is kept on purpose: dropping the `stat` would let a huge result file into the
+orchestrator's memory, and dropping the guest-side `timeout` would trust the server's clock,
+which the open-source server does not enforce. With those rails the core costs roughly two
+round-trip-equivalents per job, which against a ~100-300 ms job is more than 5 %: **b/a ≤ 1.05
+cannot be met for a job this short on this machine** without removing a safety rail. For a
+job that runs for a second or more the same fixed cost is under 5 %. (c) and (d) inherit the
+core's cost and add their own (orphan-reaping list call by JobKey, task-log streaming, XCom or
+Prefect task-run states and artifacts), which is why they land near 1.25.
 """
 
 
@@ -219,6 +240,9 @@ def scale_section() -> str:
         ]
         for lv in s["levels"]
     ]
+    first, last = s["levels"][0], s["levels"][-1]
+    span = max(1, last["concurrency"] - first["concurrency"])
+    per_sandbox = round((last["peak_server_tree_rss_mb"] - first["peak_server_tree_rss_mb"]) / span, 1)
     header = [
         "concurrency",
         "jobs",
@@ -241,10 +265,17 @@ pages shared between them count more than once).
 
 {table(header, rows)}
 
-On two cores throughput stops growing once both cores are busy (the guest's `python3` start-up
-and the server's process spawning are CPU work): beyond that, more concurrency only adds latency.
-Live sandboxes track concurrency; the server's own RSS stays flat; each live sandbox adds a few
-MiB of processes (agent + job), all returned on delete.
+Throughput went from {first["throughput_jobs_per_s"]} jobs/s at concurrency {first["concurrency"]}
+to {last["throughput_jobs_per_s"]} at {last["concurrency"]} ({last["speedup_vs_c1"]}x) while per-job p50
+latency rose from {first["latency"]["p50_ms"]} to {last["latency"]["p50_ms"]} ms. Read the growth
+with the load average above in mind: on two cores shared with other test suites, more threads
+also win a larger share of a contended CPU, so growth beyond ~2x reflects contention, not
+spare capacity; on an idle 2-core machine the guest's `python3` start-up and the server's
+process spawning saturate both cores at a lower concurrency. Live sandboxes peak at the
+concurrency (every job deletes its sandbox before the next starts). The server's own RSS
+stays flat ({first["peak_server_rss_mb"]} → {last["peak_server_rss_mb"]} MiB); each live
+sandbox adds about {per_sandbox} MiB of processes (bwrap, agent, job), all returned on
+delete; the orchestrator peaks at {last["peak_orchestrator_rss_mb"]} MiB.
 """
 
 
@@ -312,6 +343,12 @@ orchestrator process sampled every 50 jobs.
 
 Growth after warm-up: **{m["growth_kb_per_job_after_warmup"]} KiB per job**; sandboxes left on the
 server afterwards: {m["sandboxes_left"]}.
+
+Investigation of that slope (done once, by hand, not re-run by `make bench`): `tracemalloc`
+over 300 further jobs after 100 warm-up jobs showed the live Python heap growing by ~100 KiB
+in total (~0.3 KiB per job), all in bounded caches (`urllib.parse`, the JSON scanner, urllib3's
+pool finalizers); no per-job object is retained. The remaining RSS growth is the allocator's
+arenas under four threads, not live objects. A longer soak would confirm it levels off.
 """
 
 
