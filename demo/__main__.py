@@ -14,6 +14,7 @@ from pandastack_local import LocalServer
 
 from .airflow_runner import DAGS, airflow_env, prepare, run_dag
 from .expectations import Row, format_table, surprises
+from .prefect_runner import ROWS_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".demo"
@@ -51,30 +52,36 @@ def main() -> int:
                 "PREFECT_LOGGING_LEVEL": "WARNING",
             }
         )
+        found: list[Row] | None = None
         with (logs / "prefect.log").open("w") as log:
-            done = subprocess.run(
+            runner = subprocess.Popen(
                 [str(PREFECT_PYTHON), "-m", "demo.prefect_runner"],
                 env=penv,
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
-                check=False,
             )
-        lines = done.stdout.strip().splitlines()
-        if done.returncode != 0 or not lines:
-            say(f"Prefect runner failed (exit {done.returncode}); see {logs / 'prefect.log'}")
+            assert runner.stdout is not None
+            for line in runner.stdout:
+                if line.startswith(ROWS_MARKER):
+                    found = json.loads(line[len(ROWS_MARKER) :])
+                else:
+                    say(line.rstrip())
+            returncode = runner.wait()
+        if returncode != 0 or found is None:
+            say(f"Prefect runner failed (exit {returncode}); see {logs / 'prefect.log'}")
             rows.append(
                 {
                     "engine": "prefect",
                     "job": "flows",
                     "outcome": "failed",
-                    "reason": f"runner exit {done.returncode}",
+                    "reason": f"runner exit {returncode}",
                     "seconds": 0.0,
                 }
             )
         else:
-            rows.extend(json.loads(lines[-1]))
+            rows.extend(found)
         leftovers = server.client().sandboxes.list()
     say("")
     say(format_table(rows))

@@ -1,6 +1,6 @@
 """Run the example flows on Prefect's ephemeral server. Prefect environment.
 
-``python -m demo.prefect_runner`` prints one JSON line of demo rows last.
+``python -m demo.prefect_runner`` prints progress lines, then ``ROWS: <json>`` last.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from .expectations import Row
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOWS = ("scheduled_report", "tenant_transforms", "warm_fork_batch")
+ROWS_MARKER = "ROWS: "
 
 
 def _load(name: str) -> Any:
@@ -74,9 +75,9 @@ def main() -> None:
     names = sys.argv[1:] or list(FLOWS)
     rows: list[Row] = []
     for i, name in enumerate(names, 1):
-        print(f"[prefect {i}/{len(names)}] running flow {name} ...", file=sys.stderr, flush=True)
+        print(f"[prefect {i}/{len(names)}] running flow {name} ...", flush=True)
         rows.extend(run_flow(name))
-    print(json.dumps(rows))
+    print(ROWS_MARKER + json.dumps(rows), flush=True)
 
 
 if __name__ == "__main__":
