@@ -133,8 +133,31 @@ def sibling(task_id: str, i: int, **kwargs: Any) -> PandaStackSandboxOperator:
     )
 
 
+@pytest.fixture(scope="module")
+def warm(airflow_env: Any) -> None:
+    """One small DAG run of the same shape first (success, a redelivered failure, a dead-letter,
+    an all_done sibling): Airflow's DB pool, log handlers and in-process execution API start on
+    first use, so later fd/RSS deltas are the jobs', not Airflow's start-up."""
+    with DAG("rel_warmup", schedule=None, start_date=START) as dag:
+        failing = PandaStackSandboxOperator(
+            task_id="failing",
+            command="exit 1",
+            template=TEMPLATE,
+            timeout=30,
+            retries=1,
+            retry_delay=timedelta(seconds=0),
+        )
+        dead = PandaStackSandboxOperator(
+            task_id="dead", command="true", template=TEMPLATE, timeout=30, retries=1
+        )  # exits 0 without a result: dead-letter
+        sibling("before", 0) >> [failing, dead] >> sibling("after", 1, trigger_rule="all_done")
+    dr = run_dag(dag)
+    states = {k[0]: ti.state for k, ti in task_instances(dr).items()}
+    assert states == {"before": "success", "failing": "failed", "dead": "failed", "after": "success"}
+
+
 def test_airflow_hostile_subset_fails_alone(
-    airflow_env: Any, rel_server: Any, capfd: pytest.CaptureFixture[str]
+    airflow_env: Any, warm: None, rel_server: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
     with DAG("rel_hostile", schedule=None, start_date=START) as dag:
         before = sibling("sibling_before", 0)
@@ -178,8 +201,11 @@ def test_airflow_hostile_subset_fails_alone(
             retries=0,
         )
         before >> [*hostile, retried, dead, escape] >> after
+    # Measured after a collection: dag.test() leaves event loops and API sockets to the cyclic GC.
+    gc.collect()
     usage_before = orchestrator_usage()
     dr = run_dag(dag)
+    gc.collect()
     usage_after = orchestrator_usage()
     tis = task_instances(dr)
     values = xcoms(dr)

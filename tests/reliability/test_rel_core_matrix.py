@@ -340,10 +340,20 @@ def test_escape_and_snooping_find_nothing(
                 Path(path).unlink()
 
 
-def test_the_guard_rails_can_fail(rel_server: Any, client: Any) -> None:
+def test_the_guard_rails_can_fail(rel_server: Any, host: Any, client: Any) -> None:
     """Sanity for the matrix: the same probes succeed where nothing stops them, so the
-    assertions above are not vacuous (the host sees its own secret, the canary is in this
-    process's environment, the fake API accepts a host connection)."""
+    assertions above are not vacuous (a live sandbox shows up in every leftover check, the
+    canary is in the server's environment, the fake API counts a host connection)."""
+    sb = client.sandboxes.create(template=TEMPLATE)
+    try:
+        trace = host.trace(sb.id)
+        live = host.leftovers(trace)
+        assert any("bwrap process" in p for p in live) and any("host dir" in p for p in live), live
+        if Path("/sys/fs/cgroup/memory").is_dir() or Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            assert any("cgroup" in p for p in live), live
+    finally:
+        sb.kill()
+    assert host.wait_clean(trace) == []
     assert os.environ[CANARY_NAME] == CANARY_VALUE
     assert CANARY_VALUE.encode() in Path(f"/proc/{rel_server.pid}/environ").read_bytes()
     listener = FakeListener()
