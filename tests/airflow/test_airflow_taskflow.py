@@ -162,3 +162,38 @@ def test_warm_fork_pool_warms_once_and_tears_down_even_when_a_job_fails(airflow_
 def test_fork_operator_refuses_deferrable(bad):
     with pytest.raises(ValueError, match="deferrable"):
         PandaStackForkOperator(task_id="x", parent_id="p", command="true", **bad)
+
+
+def test_trigger_reports_a_vanished_sandbox(airflow_env, local_server, ps_client):
+    from airflow_provider.triggers.sandbox import PandaStackJobTrigger
+
+    started = start_detached(ps_client, JobSpec(command="sleep 60", timeout=90))
+    ps_client.sandboxes.delete(started.sandbox_id)  # reaped, crashed, or the server restarted
+
+    async def first_event():
+        return await PandaStackJobTrigger(job=started.to_dict(), poll_interval=0.2).run().__anext__()
+
+    event = asyncio.run(first_event())
+    assert event.payload["status"] == "gone"
+    assert event.payload["job"]["sandbox_id"] == started.sandbox_id
+
+
+def test_job_output_reaches_the_log_line_by_line():
+    from airflow_provider.operators.sandbox import TaskLogStream
+
+    lines: list[tuple[str, str]] = []
+
+    class Log:
+        def info(self, fmt: str, line: str) -> None:
+            lines.append(("info", line))
+
+        def warning(self, fmt: str, line: str) -> None:
+            lines.append(("warning", line))
+
+    stream = TaskLogStream(Log())
+    stream("stdout", "hel")
+    stream("stderr", "oops\n")
+    stream("stdout", "lo\nwor")
+    assert lines == [("warning", "oops"), ("info", "hello")]
+    stream.flush()
+    assert lines[-1] == ("info", "wor")
