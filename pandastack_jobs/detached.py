@@ -18,7 +18,7 @@ from pandastack import Sandbox
 
 from . import guest
 from .failures import StepError
-from .lifecycle import CreatedCallback, JobRun, reap_before
+from .lifecycle import CreatedCallback, JobRun, OutputCallback, reap_before
 from .outcome import FailureKind, JobOutcome
 from .redact import Redactor
 from .spec import JobSpec
@@ -113,11 +113,13 @@ def finish_detached(
     job: DetachedJob,
     *,
     redactor: Redactor | None = None,
+    on_output: OutputCallback | None = None,
 ) -> JobOutcome:
     """Read the detached job's end, collect its result and delete its sandbox.
 
     Called when the exit marker appeared, the deadline passed, or the sandbox
-    vanished; each of those becomes the matching outcome.
+    vanished; each of those becomes the matching outcome. The job's output
+    (the last 64 KiB of each stream, redacted) goes to ``on_output`` once, here.
     """
 
     def acquire() -> Sandbox:
@@ -144,5 +146,5 @@ def finish_detached(
             return guest.TIMEOUT_EXIT_CODE, max(elapsed, spec.timeout)
         return code, elapsed
 
-    run = JobRun(client, spec, redactor=redactor)
+    run = JobRun(client, spec, redactor=redactor, on_output=on_output)
     return run.run(acquire=acquire, deliver=False, execute=read_end)

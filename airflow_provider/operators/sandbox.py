@@ -361,14 +361,12 @@ class PandaStackSandboxOperator(BaseOperator):
         self.log.info("PandaStack: trigger reported %s for sandbox %s", status, job.sandbox_id)
         if event.get("message"):
             self.log.warning("PandaStack trigger: %s", event["message"])
+        stream = TaskLogStream(self.log) if self.log_output else None
         outcome = finish_detached(
-            self.hook.get_conn(), self.build_spec(context), job, redactor=self.hook.redactor
+            self.hook.get_conn(), self.build_spec(context), job, redactor=self.hook.redactor, on_output=stream
         )
         self._detached_id = None
-        if self.log_output:
-            stream = TaskLogStream(self.log)
-            stream("stdout", outcome.stdout_tail)
-            stream("stderr", outcome.stderr_tail)
+        if stream is not None:
             stream.flush()
         return self.finish(context, outcome)
 

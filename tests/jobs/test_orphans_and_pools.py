@@ -139,9 +139,11 @@ def test_detached_job_runs_after_the_exec_returns(ps_client: pandastack.Client) 
     while poll_detached(ps_client, job.sandbox_id) is None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    outcome = finish_detached(ps_client, spec, job)
+    seen: list[tuple[str, str]] = []
+    outcome = finish_detached(ps_client, spec, job, on_output=lambda s, c: seen.append((s, c)))
     assert outcome.ok and outcome.result == {"x": 1}
     assert "out" in outcome.stdout_tail
+    assert ("stdout", "out\n") in seen
 
 
 def test_detached_job_failures_are_classified(ps_client: pandastack.Client) -> None:
