@@ -1,6 +1,8 @@
 """(4) Scale: 200 jobs at concurrency 1, 2, 4, 8 through the core, in threads.
 
-Run: ``python -m benchmarks.scale [--jobs 200]``. This process imports only the
+Run: ``python -m benchmarks.scale [--jobs 200 --rounds 4]``. Each level's jobs run
+in ``rounds`` chunks and the level order rotates every round, so drift from other
+processes on the machine is spread over all levels. This process imports only the
 core (no engine), so its RSS is the orchestrator's own cost. A sampler thread
 asks the server for its live sandboxes every 100 ms and records the RSS of the
 server process, of the server with all its sandboxes, and of this process.
@@ -28,7 +30,7 @@ from benchmarks.common import (
     write_json,
 )
 
-LEVELS = (1, 2, 4, 8)
+LEVELS = [1, 2, 4, 8]
 
 
 class Sampler(threading.Thread):
@@ -63,11 +65,9 @@ class Sampler(threading.Thread):
         return self.peak
 
 
-def run_level(url: str, api_key: str, server_pid: int, jobs: int, concurrency: int) -> dict[str, Any]:
-    from pandastack_jobs import ConnectionConfig, JobSpec, run_job
-
-    config = ConnectionConfig(api_url=url, api_key=api_key)
-    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
+def run_chunk(config: Any, spec: Any, jobs: int, concurrency: int) -> tuple[float, list[float]]:
+    """Run ``jobs`` jobs on ``concurrency`` threads; return (wall seconds, per-job seconds)."""
+    from pandastack_jobs import run_job
 
     def one(_: int) -> float:
         started = time.perf_counter()
@@ -75,39 +75,62 @@ def run_level(url: str, api_key: str, server_pid: int, jobs: int, concurrency: i
         assert outcome.ok and outcome.result == EXPECTED, outcome.reason
         return time.perf_counter() - started
 
-    sampler = Sampler(config.client(), server_pid)
-    sampler.start()
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         latencies = list(pool.map(one, range(jobs)))
-    wall = time.perf_counter() - started
-    peak = sampler.stop()
-    return {
-        "concurrency": concurrency,
-        "jobs": jobs,
-        "wall_s": round(wall, 2),
-        "throughput_jobs_per_s": round(jobs / wall, 2),
-        "latency": summary(latencies),
-        "peak_live_sandboxes": peak["live_sandboxes"],
-        "peak_server_rss_mb": round(peak["server_rss_kb"] / 1024, 1),
-        "peak_server_tree_rss_mb": round(peak["server_tree_rss_kb"] / 1024, 1),
-        "peak_orchestrator_rss_mb": round(peak["orchestrator_rss_kb"] / 1024, 1),
-    }
+    return time.perf_counter() - started, latencies
+
+
+def run_levels(url: str, api_key: str, server_pid: int, jobs: int, rounds: int) -> list[dict[str, Any]]:
+    """Each level runs ``jobs`` jobs in ``rounds`` chunks; the level order rotates every round,
+    so a burst of load from other processes is spread over all levels, not pinned on one."""
+    from pandastack_jobs import ConnectionConfig, JobSpec
+
+    config = ConnectionConfig(api_url=url, api_key=api_key)
+    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
+    run_chunk(config, spec, 10, 2)  # warm-up: imports, page cache, the server's pool
+    wall = dict.fromkeys(LEVELS, 0.0)
+    latencies: dict[int, list[float]] = {c: [] for c in LEVELS}
+    peaks: dict[int, dict[str, int]] = {}
+    for r in range(rounds):
+        order = LEVELS[r % len(LEVELS) :] + LEVELS[: r % len(LEVELS)]
+        for concurrency in order:
+            sampler = Sampler(config.client(), server_pid)
+            sampler.start()
+            chunk_wall, chunk_latencies = run_chunk(config, spec, jobs // rounds, concurrency)
+            peak = sampler.stop()
+            wall[concurrency] += chunk_wall
+            latencies[concurrency] += chunk_latencies
+            prev = peaks.setdefault(concurrency, dict.fromkeys(peak, 0))
+            for key, value in peak.items():
+                prev[key] = max(prev[key], value)
+    return [
+        {
+            "concurrency": c,
+            "jobs": len(latencies[c]),
+            "wall_s": round(wall[c], 2),
+            "throughput_jobs_per_s": round(len(latencies[c]) / wall[c], 2),
+            "latency": summary(latencies[c]),
+            "peak_live_sandboxes": peaks[c]["live_sandboxes"],
+            "peak_server_rss_mb": round(peaks[c]["server_rss_kb"] / 1024, 1),
+            "peak_server_tree_rss_mb": round(peaks[c]["server_tree_rss_kb"] / 1024, 1),
+            "peak_orchestrator_rss_mb": round(peaks[c]["orchestrator_rss_kb"] / 1024, 1),
+        }
+        for c in LEVELS
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     from pandastack_local import LocalServer
 
-    levels = []
     with LocalServer() as server:
         assert server.pid is not None
-        run_level(server.url, server.api_key, server.pid, 10, 2)  # warm-up: imports, page cache
-        for concurrency in LEVELS:
-            log(f"scale: {args.jobs} jobs at concurrency {concurrency}")
-            levels.append(run_level(server.url, server.api_key, server.pid, args.jobs, concurrency))
+        log(f"scale: {args.jobs} jobs at each concurrency {LEVELS}, in {args.rounds} rotated rounds")
+        levels = run_levels(server.url, server.api_key, server.pid, args.jobs, args.rounds)
     base = levels[0]["throughput_jobs_per_s"]
     for level in levels:
         level["speedup_vs_c1"] = round(level["throughput_jobs_per_s"] / base, 2)
