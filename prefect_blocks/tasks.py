@@ -54,6 +54,15 @@ def build_request(
     )
 
 
+def job_overrides(**options: Any) -> dict[str, Any]:
+    """The per-call options of a task as block overrides (None keeps the block's value)."""
+    copies = {"collect": list, "permanent_exit_codes": list, "metadata": dict, "env": dict}
+    return {
+        name: (copies[name](value) if name in copies and value is not None else value)
+        for name, value in options.items()
+    }
+
+
 @task(name="run_in_sandbox", **TASK_OPTIONS)
 def run_in_sandbox(
     command: str,
@@ -83,18 +92,18 @@ def run_in_sandbox(
     left as None come from ``sandbox`` (a :class:`PandaStackSandbox` block) or its
     defaults. Raises :class:`~prefect_blocks.errors.SandboxJobFailed` on failure.
     """
-    overrides = {
-        "template": template,
-        "timeout": timeout,
-        "ttl": ttl,
-        "result_path": result_path,
-        "collect": list(collect) if collect is not None else None,
-        "metadata": dict(metadata) if metadata is not None else None,
-        "env": dict(env) if env is not None else None,
-        "permanent_exit_codes": list(permanent_exit_codes) if permanent_exit_codes is not None else None,
-        "retry_on_timeout": retry_on_timeout,
-        "concurrency_limit": concurrency_limit,
-    }
+    overrides = job_overrides(
+        template=template,
+        timeout=timeout,
+        ttl=ttl,
+        result_path=result_path,
+        collect=collect,
+        metadata=metadata,
+        env=env,
+        permanent_exit_codes=permanent_exit_codes,
+        retry_on_timeout=retry_on_timeout,
+        concurrency_limit=concurrency_limit,
+    )
     request = build_request(command, files, input, sandbox, credentials, job_name, artifact_key, overrides)
     return execute(request).result
 
@@ -124,18 +133,18 @@ async def arun_in_sandbox(
     task deletes the sandbox at once."""
     import anyio
 
-    overrides = {
-        "template": template,
-        "timeout": timeout,
-        "ttl": ttl,
-        "result_path": result_path,
-        "collect": list(collect) if collect is not None else None,
-        "metadata": dict(metadata) if metadata is not None else None,
-        "env": dict(env) if env is not None else None,
-        "permanent_exit_codes": list(permanent_exit_codes) if permanent_exit_codes is not None else None,
-        "retry_on_timeout": retry_on_timeout,
-        "concurrency_limit": concurrency_limit,
-    }
+    overrides = job_overrides(
+        template=template,
+        timeout=timeout,
+        ttl=ttl,
+        result_path=result_path,
+        collect=collect,
+        metadata=metadata,
+        env=env,
+        permanent_exit_codes=permanent_exit_codes,
+        retry_on_timeout=retry_on_timeout,
+        concurrency_limit=concurrency_limit,
+    )
     request = build_request(command, files, input, sandbox, credentials, job_name, artifact_key, overrides)
     handle = JobHandle()
     try:

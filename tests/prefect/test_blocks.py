@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pandastack
 import pytest
@@ -25,6 +26,18 @@ class TestStandardBlockSuite(BlockStandardTestSuite):
     @pytest.fixture
     def block(self, block):  # type: ignore[override]
         return block
+
+    def test_has_a_valid_image(self, block) -> None:  # type: ignore[override]
+        """The suite's own checks, on the file the logo URL serves (this machine has no internet)."""
+        from PIL import Image
+
+        marker = "/pandastack-workflows/main/"
+        assert marker in block._logo_url, block._logo_url
+        path = Path(__file__).resolve().parents[2] / block._logo_url.split(marker, 1)[1]
+        img = Image.open(path)
+        assert img.format == "PNG"
+        assert img.width == img.height, "Logo should be a square image"
+        assert 1000 > img.width > 45
 
 
 def test_blocks_are_the_right_kinds() -> None:
