@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("airflow")
+# "airflow.sdk", not "airflow": tests/airflow is a namespace package named airflow on sys.path.
+pytest.importorskip("airflow.sdk")
 
 import pendulum
 from airflow.sdk import DAG

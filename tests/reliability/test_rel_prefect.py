@@ -12,7 +12,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-pytest.importorskip("prefect")
+# "prefect.testing", not "prefect": tests/prefect is a namespace package named prefect on sys.path.
+pytest.importorskip("prefect.testing.utilities")
 
 from prefect import flow, unmapped
 from prefect.client.orchestration import get_client
