@@ -50,9 +50,17 @@ def host_pids_matching(text: str) -> list[int]:
 
 
 def cgroup_dirs(name: str) -> list[Path]:
+    """Every cgroup directory called ``name``, in any controller.
+
+    Other servers create and remove cgroups while this walks, so a directory
+    vanishing mid-walk is skipped, not an error.
+    """
     out = []
     for controller in CGROUP_ROOT.iterdir():
-        out.extend(p for p in controller.rglob(name) if p.is_dir()) if controller.is_dir() else None
+        if not controller.is_dir():
+            continue
+        for parent, dirs, _files in os.walk(controller, onerror=lambda _exc: None):
+            out.extend(Path(parent) / d for d in dirs if d == name)
     return out
 
 
