@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -47,14 +48,34 @@ def test_topology_is_up(airflow: AirflowStack, group: ProcessGroup) -> None:
 
 
 HONEST = ("acme", "globex", "initech", "umbrella")
+POOL_SLOTS = 2
 
 
 def test_tenant_transforms_dag(airflow: AirflowStack, pandastack: PandaStack) -> None:
     dag_id = "pandastack_tenant_transforms"
     airflow.wait_dag(dag_id)
-    airflow.ensure_pool("pandastack_sandboxes", 4)
+    # Concurrency governance: the pool bounds live sandboxes across both workers.
+    airflow.ensure_pool("pandastack_sandboxes", POOL_SLOTS)
     run_id = airflow.trigger(dag_id)
-    airflow.wait_run(dag_id, run_id, timeout=360)
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], len(airflow_sandboxes(pandastack, job_run=run_id)))
+            except OSError as exc:  # a sample may fail while the server is busy; the next one counts
+                print(f"pool sampler: {exc}")
+            stop.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        airflow.wait_run(dag_id, run_id, timeout=360)
+    finally:
+        stop.set()
+        sampler.join(timeout=10)
+    assert 1 <= peak[0] <= POOL_SLOTS, f"live sandboxes peaked at {peak[0]} with a pool of {POOL_SLOTS}"
     tis = [t for t in airflow.task_instances(dag_id, run_id) if t["task_id"] == "transform"]
     by_tenant = {t["rendered_map_index"]: t for t in tis}
     assert set(HONEST) <= set(by_tenant), sorted(by_tenant)
