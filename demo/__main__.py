@@ -48,7 +48,8 @@ def main() -> int:
         penv.update(
             {
                 "PREFECT_HOME": str(STATE / "prefect"),
-                "PREFECT_INTEGRATIONS_PANDASTACK_FILES_DIR": str(reports / "prefect"),
+                "PREFECT_INTEGRATIONS_PANDASTACK_FILES_DIR": str(reports / "prefect" / "files"),
+                "PANDASTACK_DEMO_REPORTS": str(reports / "prefect"),
                 "PREFECT_LOGGING_LEVEL": "WARNING",
             }
         )
@@ -86,10 +87,9 @@ def main() -> int:
     say("")
     say(format_table(rows))
     say("")
-    say(
-        f"Reports: Airflow -> {reports / 'airflow'}; Prefect -> markdown artifact 'orders-report' "
-        f"(files in {reports / 'prefect'}). Logs: {logs}"
-    )
+    say(f"Reports: Airflow (object storage)        -> {reports / 'airflow'}")
+    say(f"         Prefect (artifact, read back)   -> {reports / 'prefect' / 'report.md'}")
+    say(f"Logs: {logs}")
     say(f"Sandboxes left on the server: {len(leftovers)}. Total {time.monotonic() - started:.0f} s.")
     problems = surprises(rows)
     if leftovers:

@@ -48,7 +48,7 @@ def rows_for(dag_id: str) -> list[dict[str, Any]]:
             reason = summary.get("reason") or ""
             if summary.get("class"):
                 reason = f"[{summary.get('kind')}, {summary['class']}] {reason}"
-            state = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
+            state = str(getattr(ti.state, "value", ti.state))
             rows.append(
                 {
                     "engine": "airflow",

@@ -12,7 +12,7 @@ class Row(TypedDict, total=False):
     job: str
     outcome: str  # "success" or "failed"
     reason: str
-    seconds: float
+    seconds: float | None  # None: overlapping mapped tasks, timed on the flow's own row
     result: Any
 
 
@@ -42,13 +42,18 @@ def format_table(rows: list[Row]) -> str:
     """A plain-text table: engine, job, outcome, reason, seconds."""
     headers = ("engine", "job", "outcome", "reason", "seconds")
     cells = [
-        (r["engine"], r["job"], r["outcome"], _clip(r["reason"], 70), f"{r['seconds']:.1f}") for r in rows
+        (r["engine"], r["job"], r["outcome"], _clip(r["reason"], 70), _seconds(r.get("seconds")))
+        for r in rows
     ]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)) for cell in cells]
     return "\n".join([line, sep, *body])
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _clip(text: str, width: int) -> str:
