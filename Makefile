@@ -31,7 +31,7 @@ lint: venvs
 	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks
 
 typecheck: venvs
-	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider
+	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
 
 test-airflow: venvs
