@@ -13,8 +13,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -272,16 +273,22 @@ def create_app(config: ServerConfig) -> FastAPI:
             return ApiError(507, str(exc))
         return ApiError(500, str(exc))
 
+    async def agent_fs(
+        sb: Sandbox, call: Callable[[Path], Awaitable[Any]], *, missing_status: int = 500
+    ) -> Any:
+        """One file operation by the sandbox's agent: running check, activity, errors mapped."""
+        manager.running(sb.id)
+        with manager.activity(sb):
+            try:
+                return await call(sb.process.socket_path)
+            except agent_client.AgentError as exc:
+                raise fs_error(exc, missing_status=missing_status) from exc
+
     @app.get("/v1/sandboxes/{sandbox_id}/fs")
     async def fs_read(sandbox_id: str, request: Request) -> Response:
         sb = manager.get(sandbox_id)
         path = guest_path(request)
-        manager.running(sandbox_id)
-        with manager.activity(sb):
-            try:
-                data = await agent_client.read_file(sb.process.socket_path, path)
-            except agent_client.AgentError as exc:
-                raise fs_error(exc) from exc
+        data = await agent_fs(sb, lambda sock: agent_client.read_file(sock, path))
         return Response(data, media_type="application/octet-stream")
 
     @app.put("/v1/sandboxes/{sandbox_id}/fs")
@@ -296,36 +303,23 @@ def create_app(config: ServerConfig) -> FastAPI:
             body += chunk
             if len(body) > MAX_BODY_BYTES:
                 raise ApiError(400, f"request body too large: max {MAX_BODY_BYTES} bytes")
-        manager.running(sandbox_id)
-        with manager.activity(sb):
-            try:
-                result = await agent_client.write_file(sb.process.socket_path, path, bytes(body))
-            except agent_client.AgentError as exc:
-                raise fs_error(exc) from exc
+        result = await agent_fs(sb, lambda sock: agent_client.write_file(sock, path, bytes(body)))
         return JSONResponse({"path": path, "bytes": int(result.get("bytes", len(body)))})
 
     @app.get("/v1/sandboxes/{sandbox_id}/fs/dir")
     async def fs_list(sandbox_id: str, request: Request) -> JSONResponse:
         sb = manager.get(sandbox_id)
         path = guest_path(request)
-        manager.running(sandbox_id)
-        with manager.activity(sb):
-            try:
-                result = await agent_client.call(sb.process.socket_path, {"op": "list", "path": path})
-            except agent_client.AgentError as exc:
-                raise fs_error(exc) from exc
+        result = await agent_fs(sb, lambda sock: agent_client.call(sock, {"op": "list", "path": path}))
         return JSONResponse({"path": path, "entries": result["entries"]})
 
     @app.get("/v1/sandboxes/{sandbox_id}/fs/stat")
     async def fs_stat(sandbox_id: str, request: Request) -> JSONResponse:
         sb = manager.get(sandbox_id)
         path = guest_path(request)
-        manager.running(sandbox_id)
-        with manager.activity(sb):
-            try:
-                result = await agent_client.call(sb.process.socket_path, {"op": "stat", "path": path})
-            except agent_client.AgentError as exc:
-                raise fs_error(exc, missing_status=404) from exc
+        result = await agent_fs(
+            sb, lambda sock: agent_client.call(sock, {"op": "stat", "path": path}), missing_status=404
+        )
         return JSONResponse(result["entry"])
 
     @app.delete("/v1/sandboxes/{sandbox_id}/fs")
@@ -334,12 +328,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         path = guest_path(request)
         if path.rstrip("/") == "":
             raise ApiError(400, "refusing to delete /")
-        manager.running(sandbox_id)
-        with manager.activity(sb):
-            try:
-                await agent_client.call(sb.process.socket_path, {"op": "delete", "path": path})
-            except agent_client.AgentError as exc:
-                raise fs_error(exc) from exc
+        await agent_fs(sb, lambda sock: agent_client.call(sock, {"op": "delete", "path": path}))
         return Response(status_code=204)
 
     # ---- lifecycle, pause, logs, fork -------------------------------------------
