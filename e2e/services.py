@@ -166,6 +166,15 @@ class PandaStack:
             items = items.get("items", [])
         return [sb for sb in items if sb.get("status") not in ("deleted", "stopped")]
 
+    def engine_sandboxes(self, engine: str, **match: str) -> list[dict[str, Any]]:
+        """Live sandboxes an engine's jobs created, whose metadata also matches ``match``."""
+        out = []
+        for sb in self.sandboxes():
+            meta = sb.get("metadata") or {}
+            if meta.get("job_engine") == engine and all(meta.get(k) == v for k, v in match.items()):
+                out.append(sb)
+        return out
+
     def delete(self, sandbox_id: str) -> None:
         try:
             self._req("DELETE", f"/sandboxes/{sandbox_id}")

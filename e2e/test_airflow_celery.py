@@ -31,12 +31,7 @@ def airflow(
 
 
 def airflow_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
-    out = []
-    for sb in ps.sandboxes():
-        meta = sb.get("metadata") or {}
-        if meta.get("job_engine") == "airflow" and all(meta.get(k) == v for k, v in match.items()):
-            out.append(sb)
-    return out
+    return ps.engine_sandboxes("airflow", **match)
 
 
 def test_topology_is_up(airflow: AirflowStack, group: ProcessGroup) -> None:

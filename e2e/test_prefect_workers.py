@@ -30,12 +30,7 @@ def prefect(group: ProcessGroup, postgres: Postgres, pandastack: PandaStack) -> 
 
 
 def prefect_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
-    out = []
-    for sb in ps.sandboxes():
-        meta = sb.get("metadata") or {}
-        if meta.get("job_engine") == "prefect" and all(meta.get(k) == v for k, v in match.items()):
-            out.append(sb)
-    return out
+    return ps.engine_sandboxes("prefect", **match)
 
 
 def flow_run_pid_owner(stack: PrefectStack, flow_run_id: str) -> str | None:
