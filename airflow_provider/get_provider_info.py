@@ -36,7 +36,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": INTEGRATION,
                 "external-doc-url": "https://pandastack.ai",
-                "tags": ["compute"],
+                "tags": ["service"],
             }
         ],
         "hooks": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider.hooks.pandastack"]}],
