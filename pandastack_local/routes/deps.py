@@ -1,0 +1,76 @@
+"""What every router shares: the error envelope, hand-parsed JSON bodies, and the
+dependencies that resolve the manager, the addressed sandbox and the ``?path=`` argument."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from ..manager import ApiError, Sandbox, SandboxManager
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+
+
+async def json_body(request: Request, *, required: bool = True) -> dict[str, Any]:
+    """Parse the body by hand, so malformed JSON is a clear 400 rather than FastAPI's 422."""
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise ApiError(400, "invalid JSON body: empty")
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"invalid JSON body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid JSON body: expected an object")
+    return data
+
+
+def int_field(body: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{key} must be an integer")
+    return value
+
+
+# Dependencies are async on purpose: sync ones would run in a worker thread, and the
+# manager is only ever touched from the event-loop thread.
+async def get_manager(request: Request) -> SandboxManager:
+    manager: SandboxManager = request.app.state.manager
+    return manager
+
+
+Manager = Annotated[SandboxManager, Depends(get_manager)]
+
+
+async def get_sandbox(sandbox_id: str, manager: Manager) -> Sandbox:
+    """The sandbox named in the path, or 404."""
+    return manager.get(sandbox_id)
+
+
+SandboxDep = Annotated[Sandbox, Depends(get_sandbox)]
+
+
+async def guest_path(request: Request) -> str:
+    """Validate ``?path=``: absolute, no '..' component, no NUL. Resolution happens inside the sandbox."""
+    path = request.query_params.get("path")
+    if not path:
+        raise ApiError(400, "path required")
+    if "\x00" in path:
+        raise ApiError(400, "path must not contain NUL bytes")
+    if not path.startswith("/"):
+        raise ApiError(500, "path must be absolute")
+    if ".." in path.split("/"):
+        raise ApiError(400, "path must not contain '..' components")
+    return path
+
+
+GuestPath = Annotated[str, Depends(guest_path)]

@@ -1,0 +1,98 @@
+"""Lifecycle: TTL and persistence, pause/resume, logs, and fork (a child is a copy of the
+parent's disk)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from ..manager import ApiError, Sandbox, SandboxManager, rfc3339
+from .deps import Manager, SandboxDep, int_field, json_body
+
+router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")
+
+
+@router.get("/lifecycle")
+async def get_lifecycle(manager: Manager, sb: SandboxDep) -> JSONResponse:
+    return JSONResponse(manager.lifecycle(sb))
+
+
+@router.patch("/lifecycle")
+async def patch_lifecycle(request: Request, manager: Manager, sb: SandboxDep) -> JSONResponse:
+    body = await json_body(request)
+    ttl = int_field(body, "ttl_seconds")
+    if ttl is not None and ttl < 0:
+        raise ApiError(400, "ttl_seconds must not be negative")
+    persistent = body.get("persistent")
+    if persistent is not None and not isinstance(persistent, bool):
+        raise ApiError(400, "persistent must be a boolean")
+    if ttl is not None:
+        sb.ttl_seconds = ttl or None
+    if persistent is not None:
+        sb.persistent = persistent
+    with manager.activity(sb):
+        pass
+    return JSONResponse(manager.lifecycle(sb))
+
+
+@router.post("/pause")
+async def pause(manager: Manager, sb: SandboxDep) -> Response:
+    if sb.status != "paused":
+        await manager.pause(sb, True)
+    return Response(status_code=204)
+
+
+@router.post("/resume")
+async def resume(manager: Manager, sb: SandboxDep) -> Response:
+    if sb.status == "paused":
+        await manager.pause(sb, False)
+    with manager.activity(sb):
+        pass
+    return Response(status_code=204)
+
+
+@router.get("/logs")
+async def logs(sb: SandboxDep) -> PlainTextResponse:
+    return PlainTextResponse("\n".join(sb.logs) + "\n")
+
+
+async def fork_children(
+    request: Request, manager: SandboxManager, parent: Sandbox, default_count: int
+) -> list[Sandbox]:
+    body = await json_body(request, required=False)
+    count = int_field(body, "count", default_count) or default_count
+    if parent.status != "running" or not parent.process.alive():
+        raise ApiError(500, "parent sandbox not found or not running")
+    with manager.activity(parent):
+        return await manager.fork(parent, count)
+
+
+@router.post("/fork")
+async def fork(request: Request, manager: Manager, parent: SandboxDep) -> JSONResponse:
+    children = await fork_children(request, manager, parent, 1)
+    return JSONResponse(
+        {
+            "parent_id": parent.id,
+            "snapshot_id": f"snap-{uuid.uuid4()}",
+            "children": [c.id for c in children],
+            "at": rfc3339(time.time()),
+        },
+        status_code=201,
+    )
+
+
+@router.post("/fork-tree")
+async def fork_tree(request: Request, manager: Manager, parent: SandboxDep) -> JSONResponse:
+    children = await fork_children(request, manager, parent, 2)
+    return JSONResponse(
+        {
+            "tree_id": str(uuid.uuid4()),
+            "parent_id": parent.id,
+            "snapshot_id": f"snap-{uuid.uuid4()}",
+            "children": [c.to_json() for c in children],
+        },
+        status_code=201,
+    )
