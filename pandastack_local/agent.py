@@ -36,7 +36,12 @@ CHUNK = 64 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
-GUEST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8"}
+# PATH comes from the sandbox (a python_env template puts its bin first).
+GUEST_ENV = {
+    "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
 # Top-level names that belong to the host's read-only system view or to the
 # kernel, never to the sandbox's own disk (skipped by the fork disk copy).
 NOT_DISK = {"proc", "dev", "sys", "usr", ".pandastack", ".pandastack-rootfs", "bin", "lib", "lib64", "sbin"}

@@ -16,6 +16,7 @@ from .config import (
     default_state_dir,
     generate_api_key,
 )
+from .egress import EgressError, parse_rules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,12 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"
     )
+    serve.add_argument(
+        "--allow-egress",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="make this host endpoint reachable from inside every sandbox (repeatable)",
+    )
     serve.add_argument("--log-level", default="warning")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        parse_rules(args.allow_egress)
+    except EgressError as exc:
+        parser.error(str(exc))
     import uvicorn
 
     from .app import create_app
@@ -58,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         ttl_scan_interval=args.ttl_scan_interval,
         template_dirs=tuple(args.template_dir),
         pool_size=max(args.pool_size, 0),
+        allow_egress=tuple(args.allow_egress),
     )
     print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(

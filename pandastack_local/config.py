@@ -32,3 +32,5 @@ class ServerConfig:
     template_dirs: tuple[str, ...] = ()
     # Pre-started, limited, never-reused sandboxes kept per template (0 disables).
     pool_size: int = DEFAULT_POOL_SIZE
+    # HOST:PORT endpoints reachable from inside every sandbox (egress.py); nothing else is.
+    allow_egress: tuple[str, ...] = ()

@@ -18,9 +18,11 @@ import shutil
 import signal
 import socket
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import pythonenv
 from .cgroups import Cgroups
 from .templates import Template
 
@@ -87,6 +89,8 @@ class SandboxProcess:
     proc: subprocess.Popen[bytes]
     directory: Path
     socket_path: Path
+    # Run by kill() before the processes go (e.g. the egress relay closes its listeners).
+    on_kill: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -149,11 +153,12 @@ def bwrap_argv(
         argv += ["--ro-bind", str(guest_dir / "alternatives"), "/etc/alternatives"]
     if template.rootfs is not None:
         argv += ["--ro-bind", str(template.rootfs), "/.pandastack-rootfs"]
+    argv += pythonenv.bind_args(template)
     argv += [
         "--clearenv",
         "--setenv",
         "PATH",
-        "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        pythonenv.guest_path(template),
         "--setenv",
         "HOME",
         "/root",
@@ -252,6 +257,9 @@ def host_descendants(pid: int) -> list[int]:
 
 def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
     """Kill every process of the sandbox, remove its cgroups and its host dir."""
+    for hook in sp.on_kill:
+        with contextlib.suppress(Exception):
+            hook()
     victims = host_descendants(sp.pid) if sp.alive() else []
     with contextlib.suppress(OSError):
         sp.proc.send_signal(signal.SIGKILL)

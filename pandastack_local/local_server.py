@@ -44,6 +44,7 @@ class LocalServer:
         state_dir: str | os.PathLike[str] | None = None,
         memory_budget_mb: int | None = None,
         pool_size: int | None = None,
+        allow_egress: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.api_key = api_key or generate_api_key()
         self.max_sandboxes = max_sandboxes
@@ -51,6 +52,7 @@ class LocalServer:
         self.template_dirs = tuple(str(d) for d in template_dirs)
         self.memory_budget_mb = memory_budget_mb
         self.pool_size = pool_size
+        self.allow_egress = tuple(allow_egress)
         self._own_state_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="pandastack-local-"))
         self.port = free_port()
@@ -72,6 +74,8 @@ class LocalServer:
             argv += ["--pool-size", str(self.pool_size)]
         for directory in self.template_dirs:
             argv += ["--template-dir", directory]
+        for endpoint in self.allow_egress:
+            argv += ["--allow-egress", endpoint]
         return argv
 
     def start(self) -> LocalServer:

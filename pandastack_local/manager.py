@@ -21,9 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import agent_client, isolation
+from . import agent_client, isolation, pythonenv
 from .cgroups import Cgroups
 from .config import ServerConfig
+from .egress import EgressError, EgressRelay, parse_rules
 from .templates import Template, template_registry
 
 log = logging.getLogger("pandastack_local")
@@ -95,10 +96,12 @@ class SandboxManager:
         self.config = config
         self.templates = template_registry(config.template_dirs)
         self.state_dir = Path(config.state_dir).resolve()
+        pythonenv.check_outside(self.templates.values(), self.state_dir)
         self.sandboxes_dir = self.state_dir / "sandboxes"
         instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.cgroups = Cgroups.detect(instance)
         self.bwrap = isolation.bwrap_binary()
+        self.egress = EgressRelay(parse_rules(config.allow_egress))
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
@@ -252,12 +255,20 @@ class SandboxManager:
         while True:
             try:
                 await agent_client.call(process.socket_path, {"op": "ping"})
-                return process
+                break
             except agent_client.AgentUnavailable:
                 if not process.alive() or time.monotonic() > deadline:
                     await asyncio.to_thread(isolation.kill, process, self.cgroups)
                     raise ApiError(500, "sandbox failed to start (agent did not come up)") from None
                 await asyncio.sleep(0.005)
+        if self.egress:
+            process.on_kill.append(lambda: self.egress.detach(name))
+            try:
+                await self.egress.attach(name, process.pid, isolation.host_descendants(process.pid))
+            except EgressError as exc:
+                await asyncio.to_thread(isolation.kill, process, self.cgroups)
+                raise ApiError(500, f"sandbox failed to start: {exc}") from None
+        return process
 
     def _schedule_refill(self, name: str) -> None:
         if self.config.pool_size <= 0 or name in self._refilling or name not in self.templates:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import pythonenv
+
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -26,6 +28,9 @@ class Template:
     pids_max: int = 256
     nofile: int = 1024
     rootfs: Path | None = None
+    # A host Python environment and code directories bound read-only (pythonenv.py).
+    python_env: Path | None = None
+    code_dirs: tuple[Path, ...] = ()
 
 
 BUILTIN_TEMPLATES = (
@@ -54,11 +59,17 @@ def load_template_dir(directory: str | Path) -> Template:
     if not TEMPLATE_NAME_RE.match(name):
         raise TemplateError(f"{path}: invalid template name {name!r}")
     rootfs = path / "rootfs"
-    fields = {k: int(spec[k]) for k in ("cpu", "memory_mb", "disk_mb", "pids_max", "nofile") if k in spec}
+    fields: dict[str, Any] = {
+        k: int(spec[k]) for k in ("cpu", "memory_mb", "disk_mb", "pids_max", "nofile") if k in spec
+    }
     for key, value in fields.items():
         if value <= 0:
             raise TemplateError(f"{path}: {key} must be positive")
-    return Template(name=name, rootfs=rootfs.resolve() if rootfs.is_dir() else None, **fields)
+    try:
+        env_fields = pythonenv.parse(path, spec)
+    except ValueError as exc:
+        raise TemplateError(str(exc)) from None
+    return Template(name=name, rootfs=rootfs.resolve() if rootfs.is_dir() else None, **fields, **env_fields)
 
 
 def template_registry(template_dirs: tuple[str, ...] | list[str] = ()) -> dict[str, Template]:
