@@ -373,6 +373,51 @@ for a laptop and CI, not a security boundary for hostile code in production (doc
 """
 
 
+def baseline_section(targets: list[list[Any]]) -> str:
+    b = load("baseline")
+    if not b:
+        return ""
+    labels = {
+        "create": "create",
+        "exec_true": "exec `true`",
+        "delete": "delete",
+        "full": "create+exec+delete",
+    }
+    rows = [
+        [
+            mode_label,
+            label,
+            b[mode]["base"][op]["p50_ms"],
+            b[mode]["head"][op]["p50_ms"],
+            b[mode]["ratio_p50"][op],
+        ]
+        for mode, mode_label in (("warm_pool", "warm pool"), ("cold", "no pool"))
+        for op, label in labels.items()
+    ]
+    for op in ("create", "full"):
+        value = b["warm_pool"]["ratio_p50"][op]
+        targets.append(
+            [
+                f"(issues 12, 13) {labels[op]} p50, this commit / before hardening",
+                value,
+                "≤ 1.10",
+                verdict(value, 1.10),
+            ]
+        )
+    n = b["warm_pool"]["head"]["create"]["n"]
+    return f"""## 5b. Before and after: the server at `{b["base"]}` beside this commit's (`{b["head"]}`)
+
+`benchmarks/baseline.py`: the baseline commit's `pandastack_local` (exported with `git archive`,
+served by the same interpreter) and this commit's, both up at once, the same create -> exec
+`true` -> delete loop against each in alternating batches (N = {n} per side with the warm pool).
+The baseline is the last commit before the hardening of issue 12 (uid mapping, seccomp, device,
+keyring and /proc walls, bounded reads) and the real templates of issue 13. Compare the ratios:
+absolute times drift with the load on the two shared cores.
+
+{table(["mode", "op", "before p50 ms", "now p50 ms", "now / before"], rows)}
+"""
+
+
 def memory_section() -> str:
     m = load("memory")
     if not m:
@@ -411,6 +456,7 @@ def write_report() -> Path:
         warm_section(targets),
         scale_section(),
         local_server_section(targets),
+        baseline_section(targets),
         memory_section(),
     ]
     steps = run.get("steps", {})
