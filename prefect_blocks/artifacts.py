@@ -4,7 +4,8 @@
 - a collected ``.md``/``.markdown``/``.html``/``.htm`` file → a markdown artifact (size capped);
 - any other collected file → stored (a configured directory, else Prefect's
   result storage) and published as a link artifact;
-- a dead-lettered job → a markdown artifact recording what failed and why.
+- a dead-lettered job → a markdown artifact recording what failed and why, keyed per
+  task run (``<name>-dead-letter-<task run id>``).
 
 Keys follow Prefect's rules (lowercase letters, digits, dashes). Every text is
 passed through the job's redactor first: the API key, and anything shaped like
@@ -20,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.context import TaskRunContext
 
 from pandastack_jobs import JobOutcome
 
@@ -125,6 +127,16 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def dead_letter_owner(outcome: JobOutcome) -> str:
+    """What a dead-letter's key names: its task run (else its sandbox), one artifact per failure.
+
+    Keyed by task name alone, every dead-lettered task of that name (mapped
+    tasks, identical calls) would add a version to one artifact.
+    """
+    ctx = TaskRunContext.get()
+    return str(ctx.task_run.id) if ctx is not None else (outcome.sandbox_id or "")
+
+
 def publish_dead_letter(
     outcome: JobOutcome, key: str, redact: Redact, *, command: str = "", template: str = ""
 ) -> Any:
@@ -159,6 +171,6 @@ def publish_dead_letter(
             lines += ["", f"## {title}", "", "```", body, "```"]
     return create_markdown_artifact(
         "\n".join(lines),
-        key=artifact_key(key, "dead-letter"),
+        key=artifact_key(key, "dead-letter", owner=dead_letter_owner(outcome)),
         description=_describe(f"Dead-lettered: {redact(outcome.reason)}"),
     )

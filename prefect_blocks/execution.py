@@ -26,7 +26,7 @@ from pandastack_jobs.lifecycle import OutputCallback
 from .artifacts import publish_dead_letter, publish_outcome
 from .credentials import PandaStackCredentials
 from .errors import SandboxJobFailed
-from .keys import artifact_key, current_job_key, fingerprint
+from .keys import artifact_key, current_job_key, fingerprint, reap_dead_flow_attempts
 from .retries import wait_for_redelivery
 
 MAX_LOGGED_LINES = 2000
@@ -158,6 +158,8 @@ def execute(
     redactor = credentials.redactor()
     client: pandastack.Client = credentials.get_client()
     redactor.add(getattr(client, "api_key", None))
+    if reaped := reap_dead_flow_attempts(client, spec.key):
+        log.info("pandastack: deleted %d sandbox(es) earlier flow run attempts left: %s", len(reaped), reaped)
     handle = handle or JobHandle()
     lines = LineLogger(log)
     on_output: OutputCallback = lines

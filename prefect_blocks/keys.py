@@ -1,12 +1,16 @@
 """Naming a job attempt from the Prefect run context, so retries reap what earlier attempts left.
 
-The job is named by flow name, flow run id, task name and a fingerprint of
-what it runs (Prefect's own dynamic keys are random, so they cannot name the
-same job across a re-run of the flow run). The attempt folds the flow run's
-attempt and the task run's attempt together:
-``try_number = flow_run_count * 1000 + task_run_count``, so both a task retry
-and a retried flow run (after a killed worker) have a higher attempt than any
-sandbox they should reap.
+A job is one call: flow name, flow run id, task name, a fingerprint of what it
+runs and, inside a task, the task run id. The task run id is what makes two
+identical calls in one flow run two jobs (else the retry of one reaps the
+other's live sandbox) and it is kept by every retry of that call. Prefect 3.9
+gives no per-call name that survives a re-run of the flow run: the task run id
+is a fresh uuid7 and the dynamic key a fresh uuid4 on each attempt (the default
+task run name is derived from it). So a re-run is recognised by the flow run
+instead: the attempt folds the flow run's attempt and the task run's attempt
+together, ``try_number = flow_run_count * 1000 + task_run_count``, and the
+first job of a flow-run attempt in each process deletes every sandbox that an
+earlier attempt of the same flow run left (:func:`reap_dead_flow_attempts`).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+import pandastack
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 
-from pandastack_jobs import JobKey
+from pandastack_jobs import JobKey, sweep
 
 ENGINE = "prefect"
 FLOW_ATTEMPT_FACTOR = 1000
@@ -58,13 +63,15 @@ def current_job_key(job_name: str, fingerprint_: str) -> Optional[JobKey]:
         return None
     flow_name = flow_ctx.flow.name if flow_ctx and flow_ctx.flow else str(flow_run.flow_id)
     task_attempt = 1
+    task = f"{job_name}:{fingerprint_}"
     if task_ctx is not None:
         task_attempt = max(1, task_ctx.task_run.run_count)
+        task = f"{task}:{task_ctx.task_run.id}"
     flow_attempt = flow_run_attempt(flow_run)
     return JobKey(
         engine=ENGINE,
         workflow=flow_name,
-        task=f"{job_name}:{fingerprint_}",
+        task=task,
         run=str(flow_run.id),
         try_number=flow_attempt * FLOW_ATTEMPT_FACTOR + task_attempt,
     )
@@ -101,14 +108,54 @@ def flow_run_attempt(flow_run: Any) -> int:
     return max(attempt, local)
 
 
+_SWEPT: set[tuple[str, int]] = set()
+
+
+def reap_dead_flow_attempts(client: pandastack.Client, key: Optional[JobKey]) -> list[str]:
+    """Delete the sandboxes earlier attempts of this key's flow run left; once per attempt and process.
+
+    A flow run is only re-run once its earlier attempt ended (a killed worker
+    is marked crashed first), so whatever that attempt left is an orphan, even
+    though the re-run's task runs have new ids. Best effort, like the core's
+    reap: the TTL backstop catches what a failed listing misses.
+    """
+    if key is None or key.try_number < 2 * FLOW_ATTEMPT_FACTOR:
+        return []
+    flow_attempt = key.try_number // FLOW_ATTEMPT_FACTOR
+    with _ATTEMPTS_LOCK:
+        if (key.run_id, flow_attempt) in _SWEPT:
+            return []
+        _SWEPT.add((key.run_id, flow_attempt))
+
+    def earlier(meta: Mapping[str, str]) -> bool:
+        if meta.get("job_run_id") != key.run_id:
+            return False
+        try:
+            return int(meta.get("job_try", "")) // FLOW_ATTEMPT_FACTOR < flow_attempt
+        except ValueError:
+            return True  # ours, but unreadable: nobody else will delete it
+
+    try:
+        return sweep(client, earlier)
+    except pandastack.PandastackError:
+        with _ATTEMPTS_LOCK:
+            _SWEPT.discard((key.run_id, flow_attempt))
+        return []
+
+
 def flow_run_key(flow_name: str, flow_run_id: str) -> JobKey:
     """A key whose ``run_id`` names every job of one flow run (for sweeps)."""
     return JobKey(engine=ENGINE, workflow=flow_name, task="-", run=flow_run_id)
 
 
-def artifact_key(*parts: str) -> str:
-    """A Prefect artifact key from ``parts``: lowercase letters, digits and dashes only."""
-    text = "-".join(p for p in parts if p)
-    slug = _KEY_CHARS.sub("-", text.lower()).strip("-")
-    slug = re.sub(r"-{2,}", "-", slug)
-    return slug[:200].strip("-") or "pandastack-job"
+def artifact_key(*parts: str, owner: str = "") -> str:
+    """A Prefect artifact key from ``parts``: lowercase letters, digits and dashes only.
+
+    ``owner`` (a task run id, say) is appended after the key is clipped, so it is never cut.
+    """
+
+    def slug(text: str) -> str:
+        return re.sub(r"-{2,}", "-", _KEY_CHARS.sub("-", text.lower())).strip("-")
+
+    key = slug("-".join(p for p in parts if p))[:200].strip("-") or "pandastack-job"
+    return f"{key}-{slug(owner)}" if slug(owner) else key

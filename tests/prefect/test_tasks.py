@@ -123,7 +123,7 @@ def test_permanent_exit_code_is_dead_lettered_without_retry(credentials):
     with pytest.raises(SandboxJobFailed) as info:
         state.result()
     assert info.value.dead_letter and info.value.kind.value == "permanent_exit_code"
-    dead = [a for a in artifacts(flow_run_id(state)) if a.key == "parse-rows-dead-letter"]
+    dead = [a for a in artifacts(flow_run_id(state)) if a.key == f"parse-rows-dead-letter-{runs[0].id}"]
     assert len(dead) == 1
     assert "exit code 42" in dead[0].data and "row 7: unparseable date" in dead[0].data
 
