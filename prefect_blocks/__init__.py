@@ -21,11 +21,12 @@ from .cleanup import sandbox_cleanup_hook, sweep_flow_run
 from .credentials import PandaStackCredentials
 from .errors import SandboxJobFailed
 from .forkpool import WarmParent, run_in_fork, warm_pool
-from .retries import Backoff, make_retry_condition, retry_on_redeliver
+from .retries import REDELIVERY_DELAY, Backoff, make_retry_condition, retry_on_redeliver
 from .sandbox import PandaStackSandbox, PandaStackSandboxRun
 from .tasks import arun_in_sandbox, run_in_sandbox, sandbox_task
 
 __all__ = [
+    "REDELIVERY_DELAY",
     "Backoff",
     "PandaStackCredentials",
     "PandaStackSandbox",

@@ -7,11 +7,15 @@ redeliverable (non-zero exit, timeout, lost sandbox, network, capacity);
 dead-lettered jobs (permanent exit codes, a missing or invalid result, auth,
 bad requests) and anything that is not a sandbox failure fail at once.
 
-The delay is ours, not Prefect's: Prefect computes a task's retry delays once
-per task, so every mapped task would wake together. When the condition says
-yes it records, for that task run, an exponential delay with full jitter that
-is never shorter than the server's capacity ``Retry-After``; the next attempt
-waits that long before it reaps and creates. Prefect's own delay is left at 0.
+The delay is ours, not Prefect's, unless the task sets one: Prefect computes a
+task's retry delays once per task, so every mapped task would wake together.
+The package's tasks leave ``retry_delay_seconds`` at :data:`REDELIVERY_DELAY`
+(0 to Prefect); then, when the condition says yes, it records for that task run
+an exponential delay with full jitter that is never shorter than the server's
+capacity ``Retry-After``, and the next attempt waits that long before it reaps
+and creates. A task given any other ``retry_delay_seconds`` (``0`` included,
+e.g. ``run_in_sandbox.with_options(retry_delay_seconds=0)``) gets exactly
+Prefect's delay; only a capacity ``Retry-After`` still holds it back.
 """
 
 from __future__ import annotations
@@ -32,6 +36,18 @@ logger = logging.getLogger("prefect_blocks")
 _lock = threading.Lock()
 _pending: dict[UUID, float] = {}
 _uniform = random.uniform
+
+
+class RedeliveryDelay(float):
+    """A ``retry_delay_seconds`` of 0 for Prefect that asks for the package's jittered delay."""
+
+    def __repr__(self) -> str:
+        return "REDELIVERY_DELAY"
+
+
+REDELIVERY_DELAY = RedeliveryDelay(0)
+"""The default ``retry_delay_seconds`` of the package's tasks: the jittered redelivery delay.
+Pass it to your own ``@task(retry_condition_fn=retry_on_redeliver, ...)`` to get the same."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,12 @@ class RetryOnRedeliver:
     def __repr__(self) -> str:
         return f"RetryOnRedeliver(backoff={self.backoff!r})"
 
+    def backoff_for(self, task: Any) -> Backoff:
+        """Ours for a task that left its delay to us; none (only capacity waits) if it set one."""
+        if isinstance(getattr(task, "retry_delay_seconds", REDELIVERY_DELAY), RedeliveryDelay):
+            return self.backoff or default_backoff()
+        return Backoff(base=0.0)
+
     def __call__(self, task: Any, task_run: Any, state: Any) -> bool:
         exc = failure_of(state)
         if not isinstance(exc, SandboxJobFailed):
@@ -94,7 +116,7 @@ class RetryOnRedeliver:
             logger.info("pandastack: dead-lettered, not retrying: %s", exc.message)
             return False
         retry_number = max(1, int(getattr(task_run, "run_count", 1) or 1))
-        delay = (self.backoff or default_backoff()).delay(retry_number, exc.retry_after)
+        delay = self.backoff_for(task).delay(retry_number, exc.retry_after)
         with _lock:
             _pending[task_run.id] = delay
         return True

@@ -21,7 +21,7 @@ from pandastack_jobs import JobHandle, function_job
 
 from .credentials import PandaStackCredentials
 from .execution import JobRequest, execute
-from .retries import retry_on_redeliver
+from .retries import REDELIVERY_DELAY, retry_on_redeliver
 from .sandbox import PandaStackSandbox
 
 DEFAULT_RETRIES = 2
@@ -30,7 +30,7 @@ R = TypeVar("R")
 
 TASK_OPTIONS: dict[str, Any] = {
     "retries": DEFAULT_RETRIES,
-    "retry_delay_seconds": 0,  # the delay is ours: see prefect_blocks.retries
+    "retry_delay_seconds": REDELIVERY_DELAY,  # 0 to Prefect; the delay is ours: prefect_blocks.retries
     "retry_condition_fn": retry_on_redeliver,
     "cache_policy": NO_CACHE,
 }
