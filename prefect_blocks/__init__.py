@@ -17,6 +17,8 @@ and the ``prefect.collections`` entry point.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .cleanup import sandbox_cleanup_hook, sweep_flow_run
 from .credentials import PandaStackCredentials
 from .errors import SandboxJobFailed
@@ -24,6 +26,11 @@ from .forkpool import WarmParent, run_in_fork, warm_pool
 from .retries import REDELIVERY_DELAY, Backoff, make_retry_condition, retry_on_redeliver
 from .sandbox import PandaStackSandbox, PandaStackSandboxRun
 from .tasks import arun_in_sandbox, run_in_sandbox, sandbox_task
+
+try:
+    __version__ = version("pandastack-workflows")
+except PackageNotFoundError:  # a checkout on sys.path without an install
+    __version__ = "0.0.0"
 
 __all__ = [
     "REDELIVERY_DELAY",
