@@ -35,7 +35,7 @@ typecheck: venvs
 	$(PF)/bin/mypy prefect_blocks
 
 test-airflow: venvs
-	$(AF)/bin/python -m pytest -q tests/local tests/jobs tests/airflow $(PYTEST_ARGS)
+	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(PYTEST_ARGS)
 
 test-prefect: venvs
 	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(PYTEST_ARGS)

@@ -36,6 +36,9 @@ CHUNK = 64 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
+# Every exec runs first in line for the kernel's OOM killer, so a job that fills its sandbox's
+# memory (even with tmpfs pages, which are in no process's RSS) is killed (exit 137), not the agent.
+OOM_FIRST = "echo 1000 >/proc/self/oom_score_adj 2>/dev/null; "
 # PATH comes from the sandbox (a python_env template puts its bin first).
 GUEST_ENV = {
     "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"),
@@ -153,7 +156,7 @@ def _kill_tree(sid: int) -> None:
 def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
     timeout = float(req.get("timeout_seconds") or 0)
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", req["cmd"]],
+        ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

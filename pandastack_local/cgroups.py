@@ -21,6 +21,13 @@ from .templates import Template
 log = logging.getLogger("pandastack_local")
 
 LIMITS = ("memory", "pids", "cpu", "freezer")
+CPU_PERIOD_US = 100000
+
+
+def cpu_quota_us(cpus: int) -> int:
+    """The template's CPUs as a CFS quota, at most 90 % of the host: a sandbox never gets every CPU."""
+    host = (os.cpu_count() or 1) * CPU_PERIOD_US
+    return min(cpus * CPU_PERIOD_US, host * 9 // 10)
 
 
 def _read_mountinfo() -> list[tuple[str, str, str, str]]:
@@ -183,8 +190,8 @@ class Cgroups:
                 _write(self.bases["pids"] / name / "pids.max", str(template.pids_max))
             if "cpu" in self.bases:
                 d = self.bases["cpu"] / name
-                _write(d / "cpu.cfs_period_us", "100000")
-                _write(d / "cpu.cfs_quota_us", str(template.cpu * 100000))
+                _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                _write(d / "cpu.cfs_quota_us", str(cpu_quota_us(template.cpu)))
                 _write(d / "cpu.shares", str(1024 * template.cpu))
         elif self.version == "v2":
             if "memory" in self.bases:
@@ -195,7 +202,7 @@ class Cgroups:
                 _write(self.bases["pids"] / name / "pids.max", str(template.pids_max))
             if "cpu" in self.bases:
                 d = self.bases["cpu"] / name
-                _write(d / "cpu.max", f"{template.cpu * 100000} 100000")
+                _write(d / "cpu.max", f"{cpu_quota_us(template.cpu)} {CPU_PERIOD_US}")
                 _write(d / "cpu.weight", str(min(10000, 100 * template.cpu)))
         return [d / "cgroup.procs" for d in self.dirs(name)]
 

@@ -13,10 +13,12 @@ from .config import (
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_POOL_SIZE,
     ServerConfig,
+    default_memory_budget_mb,
     default_state_dir,
     generate_api_key,
 )
 from .egress import EgressError, parse_rules
+from .mountns import protect_device_nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sandboxes", type=int, default=DEFAULT_MAX_SANDBOXES)
     serve.add_argument("--template-dir", action="append", default=[], help="add a template (repeatable)")
     serve.add_argument("--ttl-scan-interval", type=float, default=30.0)
-    serve.add_argument("--memory-budget-mb", type=int, default=None)
+    serve.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=None,
+        help="refuse (507) a create that would make live sandboxes' memory limits exceed this; "
+        "default: host memory minus headroom; 0 disables",
+    )
     serve.add_argument(
         "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"
     )
@@ -54,11 +62,16 @@ def main(argv: list[str] | None = None) -> None:
         parse_rules(args.allow_egress)
     except EgressError as exc:
         parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="pandastack-local: %(message)s", stream=sys.stderr)
+    # Before any thread exists: a mount namespace cannot be unshared by a multi-threaded process.
+    try:
+        protect_device_nodes()
+    except OSError as exc:
+        logging.getLogger("pandastack_local").warning("isolation: device nodes stay writable: %s", exc)
     import uvicorn
 
     from .app import create_app
 
-    logging.basicConfig(level=logging.INFO, format="pandastack-local: %(message)s", stream=sys.stderr)
     key = args.api_key or os.environ.pop(API_KEY_ENV, None)
     if not key:
         key = generate_api_key()
@@ -67,7 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         api_key=key,
         state_dir=args.state_dir or default_state_dir(),
         max_sandboxes=args.max_sandboxes if args.max_sandboxes and args.max_sandboxes > 0 else None,
-        memory_budget_mb=args.memory_budget_mb,
+        memory_budget_mb=(
+            default_memory_budget_mb() if args.memory_budget_mb is None else (args.memory_budget_mb or None)
+        ),
         ttl_scan_interval=args.ttl_scan_interval,
         template_dirs=tuple(args.template_dir),
         pool_size=max(args.pool_size, 0),

@@ -10,6 +10,18 @@ from pathlib import Path
 API_KEY_ENV = "PANDASTACK_LOCAL_API_KEY"
 DEFAULT_MAX_SANDBOXES = 100
 DEFAULT_POOL_SIZE = 2
+MIN_MEMORY_HEADROOM_MB = 1024
+
+
+def default_memory_budget_mb() -> int | None:
+    """Host memory minus headroom for the host itself (an eighth, at least 1 GiB): the sum of live
+    sandboxes' memory limits may not exceed it, so no within-limit sandbox gets a neighbour OOM-killed."""
+    try:
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) // 1024
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(total - max(MIN_MEMORY_HEADROOM_MB, total // 8), 256)
 
 
 def generate_api_key() -> str:
@@ -27,6 +39,7 @@ class ServerConfig:
     api_key: str
     state_dir: Path = field(default_factory=default_state_dir)
     max_sandboxes: int | None = DEFAULT_MAX_SANDBOXES
+    # None: no budget. The CLI's default is default_memory_budget_mb().
     memory_budget_mb: int | None = None
     ttl_scan_interval: float = 30.0
     template_dirs: tuple[str, ...] = ()

