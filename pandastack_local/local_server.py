@@ -176,6 +176,14 @@ class LocalServer:
         kwargs.setdefault("api_key", self.api_key)
         return pandastack.Client(**kwargs)
 
+    def delete_leftovers(self) -> list[str]:
+        """Delete every sandbox the server still holds; return their ids (a test's leak check)."""
+        client = self.client()
+        leftovers = [sb.id for sb in client.sandboxes.list()]
+        for sandbox_id in leftovers:
+            client.sandboxes.delete(sandbox_id)
+        return leftovers
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

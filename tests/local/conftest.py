@@ -51,9 +51,6 @@ def canary() -> tuple[str, str]:
 
 @pytest.fixture
 def small_client(small_server: LocalServer) -> Iterator[object]:
-    client = small_server.client()
-    yield client
-    leftovers = client.sandboxes.list()
-    for sb in leftovers:
-        client.sandboxes.delete(sb.id)
-    assert not leftovers, f"test left sandboxes behind: {[s.id for s in leftovers]}"
+    yield small_server.client()
+    leftovers = small_server.delete_leftovers()
+    assert not leftovers, f"test left sandboxes behind: {leftovers}"

@@ -24,6 +24,9 @@ def write_template(directory: Path, **spec: object) -> Path:
 @pytest.fixture(scope="module")
 def code_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = tmp_path_factory.mktemp("flowcode")
+    # A sandbox's root is an unprivileged host uid: what it reads must be world-readable (o+rX),
+    # as a container image layer is; pytest's temp dirs are 0700.
+    code.chmod(0o755)
     (code / "jobmod.py").write_text("ANSWER = 42\n")
     return code
 

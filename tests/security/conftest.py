@@ -39,12 +39,9 @@ def security_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS
 
 @pytest.fixture
 def security_client(security_server: LocalServer) -> Iterator[Any]:
-    client = security_server.client()
-    yield client
-    leftovers = client.sandboxes.list()
-    for sb in leftovers:
-        client.sandboxes.delete(sb.id)
-    assert not leftovers, f"test left sandboxes behind: {[s.id for s in leftovers]}"
+    yield security_server.client()
+    leftovers = security_server.delete_leftovers()
+    assert not leftovers, f"test left sandboxes behind: {leftovers}"
 
 
 @pytest.fixture
