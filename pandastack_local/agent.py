@@ -356,6 +356,9 @@ def _setup(limits: dict[str, Any]) -> None:
     as_bytes = int(limits.get("as_bytes") or 0)
     if as_bytes:  # no memory cgroup: a per-process address-space cap is the best left
         resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
+    nproc = int(limits.get("nproc") or 0)
+    if nproc:  # no pids cgroup: counted per user namespace, so per sandbox
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     _copy_tree("/.pandastack/etc", "/etc")
     if os.path.isdir("/.pandastack-rootfs"):
         _copy_tree("/.pandastack-rootfs", "/")

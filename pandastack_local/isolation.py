@@ -275,6 +275,8 @@ def spawn(
         limits: dict[str, int] = {"nofile": template.nofile}
         if "memory" not in cgroups.bases:
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
+        if "pids" not in cgroups.bases:
+            limits["nproc"] = template.pids_max
         full = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits, seccomp_fd, sources)
         # The sandbox's init is a bwrap process whose /proc cmdline and environ the job can read:
         # its arguments (host paths) go through a pipe, and it runs in / with no extra variables.

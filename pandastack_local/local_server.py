@@ -24,12 +24,19 @@ from typing import Any
 from .config import API_KEY_ENV, generate_api_key
 
 START_TIMEOUT_SECONDS = 30.0
+SERVER_USER_ENV = "PANDASTACK_LOCAL_SERVER_USER"
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _primary_group(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
 
 
 class LocalServer:
@@ -45,13 +52,17 @@ class LocalServer:
         memory_budget_mb: int | None = None,
         pool_size: int | None = None,
         allow_egress: tuple[str, ...] | list[str] = (),
+        user: str | None = None,
     ) -> None:
+        """``user``: run the server as this unprivileged host user (the caller must be root; the
+        test harness's non-root leg). Default: ``$PANDASTACK_LOCAL_SERVER_USER``, else the caller."""
         self.api_key = api_key or generate_api_key()
         self.max_sandboxes = max_sandboxes
         self.ttl_scan_interval = ttl_scan_interval
         self.template_dirs = tuple(str(d) for d in template_dirs)
         self.memory_budget_mb = memory_budget_mb
         self.pool_size = pool_size
+        self.user = user or os.environ.get(SERVER_USER_ENV) or None
         self.allow_egress = tuple(allow_egress)
         self._own_state_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="pandastack-local-"))
@@ -84,6 +95,11 @@ class LocalServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env[API_KEY_ENV] = self.api_key  # not on the command line, where `ps` would show it
+        as_user: dict[str, Any] = {}
+        if self.user:
+            as_user = {"user": self.user, "group": _primary_group(self.user), "extra_groups": []}
+            self._grant_access()
+            env["HOME"] = str(self.state_dir)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 self._argv(),
@@ -92,6 +108,7 @@ class LocalServer:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
+                **as_user,
             )
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
@@ -109,6 +126,29 @@ class LocalServer:
         raise RuntimeError(
             f"pandastack-local did not become healthy in {START_TIMEOUT_SECONDS}s:\n{self.log_tail()}"
         )
+
+    def _grant_access(self) -> None:
+        """Let ``self.user`` reach what it needs: own the state dir; traverse (o+x, never list) the
+        parents of the state dir, the template dirs, the interpreter (venv and base) and this package;
+        read the template dirs."""
+        import pwd
+
+        entry = pwd.getpwnam(str(self.user))
+        for path in [self.state_dir, *self.state_dir.rglob("*")]:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        here = Path(__file__).resolve().parent
+        interpreter = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve()]
+        for path in [self.state_dir, *map(Path, self.template_dirs), *interpreter, here]:
+            for parent in path.resolve().parents:
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    parent.chmod(mode | 0o001)
+        for directory in self.template_dirs:
+            for path in [Path(directory), *Path(directory).rglob("*")]:
+                mode = path.stat().st_mode
+                want = 0o005 if path.is_dir() else 0o004
+                if mode & want != want and not path.is_symlink():
+                    path.chmod(mode | want)
 
     def stop(self, graceful: bool = True) -> None:
         proc, self._proc = self._proc, None
@@ -183,6 +223,23 @@ class LocalServer:
         for sandbox_id in leftovers:
             client.sandboxes.delete(sandbox_id)
         return leftovers
+
+    def uid(self) -> int | None:
+        """The host uid the server process runs as (None when it is not running)."""
+        if self._proc is None:
+            return None
+        try:
+            return os.stat(f"/proc/{self._proc.pid}").st_uid
+        except OSError:
+            return None
+
+    def active_limits(self) -> set[str]:
+        """The cgroup limits the server logged as active at start-up (empty: none)."""
+        for line in self.log_tail(400).splitlines():
+            if "active limits:" in line:
+                names = line.split("active limits:", 1)[1].split(";")[0]
+                return {n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"}
+        return set()
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -72,7 +72,10 @@ def test_memory_hog_is_killed_and_neighbours_are_fine(small_client, small_server
         result = hog.exec(
             "python3 -c 'b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))'", timeout_seconds=60
         )
-        assert result.exit_code == 137, result
+        if "memory" in small_server.active_limits():
+            assert result.exit_code == 137, result  # the cgroup's OOM killer
+        else:  # non-root on cgroup v1: RLIMIT_AS, the allocation fails inside the job
+            assert result.exit_code == 1 and "MemoryError" in result.stderr, result
         # The sandbox itself survived its job's OOM and still works.
         assert hog.exec("echo ok").stdout == "ok\n"
         assert sibling.exec("cat /work/state").stdout == "alive"
@@ -182,7 +185,7 @@ def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     sandbox_dir = small_server.state_dir / "sandboxes" / sb.id
     assert sandbox_dir.is_dir()
     cgroups = cgroup_dirs(sb.id)
-    if Path("/sys/fs/cgroup/memory").is_dir() or Path("/sys/fs/cgroup/cgroup.controllers").exists():
+    if small_server.active_limits():  # none for a non-root server on cgroup v1
         assert cgroups, "expected the sandbox to have cgroups"
     sb.kill()
     assert not sandbox_dir.exists()
