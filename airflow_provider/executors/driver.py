@@ -1,0 +1,282 @@
+"""The driver contract, and the PandaStack driver that fulfils it with the core.
+
+The contract is Airflow ``common.sandbox``'s ``SandboxDriver``: ``health_check``,
+``launch``, ``validate_handle``, ``get_status``, ``terminate``, ``fence(request_id)``,
+``recover(request_id)``, ``get_output``, ``close``. Every sandbox carries the task
+try's pre-assigned UUID in its metadata, so ``fence`` can find and delete every
+sandbox of a try even when its handle was never persisted.
+
+The lifecycle pieces are the core's (``pandastack_jobs``): a detached job (create with
+TTL and metadata, launch in the background, poll one exit marker), failure
+classification with the capacity ``Retry-After``, idempotent delete and the
+metadata sweep. This module only translates them to the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pandastack
+
+from pandastack_jobs import (
+    ConnectionConfig,
+    DetachedJob,
+    FailureKind,
+    JobKey,
+    JobOutcome,
+    JobSpec,
+    Redactor,
+    SandboxGone,
+    delete_sandbox,
+    poll_detached,
+    start_detached,
+    sweep,
+)
+from pandastack_jobs import guest
+from pandastack_jobs.failures import describe_exit
+
+from .models import (
+    RecoveredSandbox,
+    SandboxCapacityError,
+    SandboxHandle,
+    SandboxInvalidHandleError,
+    SandboxLaunchRequest,
+    SandboxOutput,
+    SandboxResult,
+    SandboxState,
+)
+
+logger = logging.getLogger("airflow_provider.executors")
+
+# Sandbox metadata key carrying the task try's pre-assigned UUID (fence and recover look for it).
+REQUEST_LABEL = "airflow_ti_uuid"
+ENGINE = "airflow-executor"
+OUTPUT_TAIL_BYTES = 16 * 1024
+
+
+class SandboxLaunchError(RuntimeError):
+    """The sandbox could not be started; the message says why (already redacted)."""
+
+
+class SandboxDriver(ABC):
+    """Translate the executor's lifecycle operations to one sandbox service.
+
+    ``request_id`` is the deterministic correlation key. ``terminate`` and ``fence``
+    are idempotent and return only once nothing of the handle / request still runs.
+    """
+
+    driver_id: ClassVar[str]
+
+    @abstractmethod
+    async def health_check(self) -> None:
+        """Check the credentials and that the control plane answers."""
+
+    @abstractmethod
+    async def launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
+        """Create a fresh sandbox and start the request's argv in it."""
+
+    @abstractmethod
+    def validate_handle(self, handle: SandboxHandle, *, request_id: str) -> None:
+        """Raise :class:`SandboxInvalidHandleError` when ``handle`` is not usable."""
+
+    @abstractmethod
+    async def get_status(self, handle: SandboxHandle) -> SandboxResult:
+        """One observation of the launched workload."""
+
+    @abstractmethod
+    async def terminate(self, handle: SandboxHandle) -> None:
+        """Stop and delete the sandbox of ``handle`` (idempotent)."""
+
+    @abstractmethod
+    async def fence(self, request_id: str) -> None:
+        """Delete every sandbox correlated with ``request_id`` (idempotent)."""
+
+    async def recover(self, request_id: str) -> RecoveredSandbox | None:
+        """Rebuild a handle after a crash before it was persisted; the safe default fences."""
+        await self.fence(request_id)
+        return None
+
+    async def get_output(self, handle: SandboxHandle) -> SandboxOutput | None:
+        """The end of the workload's output, for diagnostics; None when not available."""
+        return None
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release clients."""
+
+
+SandboxDriverFactory = Callable[[], SandboxDriver]
+
+
+class PandaStackDriver(SandboxDriver):
+    """Runs each task try as a detached job of the core in its own PandaStack sandbox.
+
+    The API key stays in this process: the sandbox gets the request's argv and env only.
+    """
+
+    driver_id: ClassVar[str] = "pandastack"
+
+    def __init__(self, connection: ConnectionConfig, *, redactor: Redactor | None = None) -> None:
+        self._connection = connection
+        self._redact = redactor or Redactor()
+        self._redact.add(connection.api_key)
+
+    def _client(self) -> pandastack.Client:
+        # One client per call: the core records capacity refusals per thread and client.
+        client = self._connection.client()
+        self._redact.add(client.api_key)
+        return client
+
+    async def health_check(self) -> None:
+        await asyncio.to_thread(lambda: self._client().sandboxes.list())
+
+    # -- launch ----------------------------------------------------------------------------------
+
+    def spec_for(self, request: SandboxLaunchRequest) -> JobSpec:
+        """The core job for one task try: the argv, detached, tagged with the try's UUID."""
+        labels = request.labels
+        key = None
+        if {"dag_id", "task_id", "run_id"} <= set(labels):
+            key = JobKey(
+                engine=ENGINE,
+                workflow=labels["dag_id"],
+                task=labels["task_id"],
+                run=labels["run_id"],
+                map_index=int(labels.get("map_index", "-1")),
+                try_number=int(labels.get("try_number", "1")),
+            )
+        return JobSpec(
+            command=shlex.join(request.command),
+            template=request.config.template,
+            timeout=request.config.timeout_seconds,
+            ttl=request.config.ttl_seconds,
+            env=request.env,
+            result_path=None,
+            metadata={REQUEST_LABEL: request.request_id},
+            key=key,
+        )
+
+    def _launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
+        started = start_detached(self._client(), self.spec_for(request), redactor=self._redact)
+        if isinstance(started, JobOutcome):
+            if started.kind is FailureKind.CAPACITY:
+                raise SandboxCapacityError(started.reason, started.retry_after or 1.0)
+            raise SandboxLaunchError(f"sandbox launch failed ({started.kind}): {started.reason}")
+        return SandboxHandle(started.to_dict(), display_name=started.sandbox_id)
+
+    async def launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
+        return await asyncio.to_thread(self._launch, request)
+
+    def validate_handle(self, handle: SandboxHandle, *, request_id: str) -> None:
+        try:
+            DetachedJob.from_dict(dict(handle.data))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SandboxInvalidHandleError(
+                f"handle of request {request_id} is not a PandaStack detached job: {exc!r}"
+            ) from None
+
+    # -- observe ---------------------------------------------------------------------------------
+
+    def _status(self, handle: SandboxHandle) -> SandboxResult:
+        job = DetachedJob.from_dict(dict(handle.data))
+        try:
+            code = poll_detached(self._client(), job.sandbox_id)
+        except SandboxGone as exc:
+            return SandboxResult(SandboxState.GONE, message=self._redact(f"sandbox lost: {exc}"))
+        if code is None:
+            if time.time() > job.deadline:
+                return SandboxResult(
+                    SandboxState.FAILED,
+                    message=f"the task did not finish within its {job.timeout:g}s sandbox timeout",
+                )
+            return SandboxResult(SandboxState.RUNNING)
+        if code == 0:
+            return SandboxResult(SandboxState.SUCCEEDED, exit_code=0)
+        elapsed = time.time() - job.started_at
+        if guest.timed_out(code, elapsed, job.timeout):
+            message = f"the task exceeded its {job.timeout:g}s sandbox timeout and was killed"
+        else:
+            message = f"the task's sandbox workload ended with {describe_exit(code)}"
+        return SandboxResult(SandboxState.FAILED, exit_code=code, message=message)
+
+    async def get_status(self, handle: SandboxHandle) -> SandboxResult:
+        return await asyncio.to_thread(self._status, handle)
+
+    def _output(self, handle: SandboxHandle) -> SandboxOutput | None:
+        job = DetachedJob.from_dict(dict(handle.data))
+        client = self._client()
+        try:
+            sb = client.sandboxes.get(job.sandbox_id)
+            # tail -c bounds what crosses the wall, whatever the job printed.
+            res = sb.exec(
+                f"tail -c {OUTPUT_TAIL_BYTES} {guest.DETACHED_STDOUT}; "
+                f"tail -c {OUTPUT_TAIL_BYTES} {guest.DETACHED_STDERR} >&2; "
+                f"wc -c < {guest.DETACHED_STDOUT} >&2",
+                timeout_seconds=30,
+            )
+        except pandastack.NotFoundError:
+            return None
+        stderr, _, size_line = (res.stderr or "").rstrip("\n").rpartition("\n")
+        truncated = not size_line.strip().isdigit() or int(size_line.strip()) > OUTPUT_TAIL_BYTES
+        return SandboxOutput(
+            stdout=self._redact((res.stdout or "")[-OUTPUT_TAIL_BYTES:]),
+            stderr=self._redact(stderr[-OUTPUT_TAIL_BYTES:]),
+            truncated=truncated,
+        )
+
+    async def get_output(self, handle: SandboxHandle) -> SandboxOutput | None:
+        return await asyncio.to_thread(self._output, handle)
+
+    def _read_file(self, handle: SandboxHandle, path: str, limit: int) -> bytes | None:
+        job = DetachedJob.from_dict(dict(handle.data))
+        client = self._client()
+        try:
+            sb = client.sandboxes.get(job.sandbox_id)
+            info = sb.filesystem.stat(path)
+            if info.is_dir:
+                return None
+            if info.size > limit:
+                res = sb.exec(f"tail -c {limit} {shlex.quote(path)}", timeout_seconds=30)
+                return (res.stdout or "").encode()[-limit:]
+            return sb.filesystem.read(path)[-limit:]
+        except pandastack.NotFoundError:
+            return None
+
+    async def read_file(self, handle: SandboxHandle, path: str, limit: int) -> bytes | None:
+        """The last ``limit`` bytes of a file in the sandbox (the task's log), or None if absent.
+
+        PandaStack-specific: ``common.sandbox`` expects remote logging instead.
+        """
+        return await asyncio.to_thread(self._read_file, handle, path, limit)
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    async def terminate(self, handle: SandboxHandle) -> None:
+        job = DetachedJob.from_dict(dict(handle.data))
+        await asyncio.to_thread(lambda: delete_sandbox(self._client(), job.sandbox_id, raise_errors=True))
+
+    def _fence(self, request_id: str) -> list[str]:
+        client = self._client()
+
+        def ours(meta: Any) -> bool:
+            return bool(meta.get(REQUEST_LABEL) == request_id)
+
+        deleted = sweep(client, ours)
+        left = [sb.id for sb in client.sandboxes.list() if ours(sb.metadata or {})]
+        if left:
+            raise SandboxLaunchError(f"could not delete sandbox(es) {left} of request {request_id}; retrying")
+        if deleted:
+            logger.info("pandastack: fenced request %s: deleted %s", request_id, deleted)
+        return deleted
+
+    async def fence(self, request_id: str) -> None:
+        await asyncio.to_thread(self._fence, request_id)
+
+    async def close(self) -> None:
+        return None
