@@ -49,6 +49,7 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider.triggers.sandbox"]}
         ],
+        "executors": ["airflow_provider.executors.PandaStackExecutor"],
         "task-decorators": [
             {"name": "pandastack", "class-name": "airflow_provider.decorators.pandastack.pandastack_task"}
         ],

@@ -34,11 +34,11 @@ from pandastack_jobs import (
     Redactor,
     SandboxGone,
     delete_sandbox,
+    guest,
     poll_detached,
     start_detached,
     sweep,
 )
-from pandastack_jobs import guest
 from pandastack_jobs.failures import describe_exit
 
 from .models import (
@@ -58,6 +58,8 @@ logger = logging.getLogger("airflow_provider.executors")
 REQUEST_LABEL = "airflow_ti_uuid"
 ENGINE = "airflow-executor"
 OUTPUT_TAIL_BYTES = 16 * 1024
+# Written into each sandbox before the task starts: the task can tell which sandbox it runs in.
+SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 
 
 class SandboxLaunchError(RuntimeError):
@@ -163,7 +165,14 @@ class PandaStackDriver(SandboxDriver):
         )
 
     def _launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
-        started = start_detached(self._client(), self.spec_for(request), redactor=self._redact)
+        client = self._client()
+
+        def tell_the_sandbox_its_id(sandbox_id: str) -> None:
+            client.sandboxes.get(sandbox_id).filesystem.write(SANDBOX_ID_PATH, sandbox_id.encode())
+
+        started = start_detached(
+            client, self.spec_for(request), redactor=self._redact, on_created=tell_the_sandbox_its_id
+        )
         if isinstance(started, JobOutcome):
             if started.kind is FailureKind.CAPACITY:
                 raise SandboxCapacityError(started.reason, started.retry_after or 1.0)

@@ -108,7 +108,9 @@ class SandboxResult:
     def __post_init__(self) -> None:
         if not isinstance(self.state, SandboxState):
             raise SandboxConfigurationError("state: must be a SandboxState")
-        if self.exit_code is not None and (isinstance(self.exit_code, bool) or not isinstance(self.exit_code, int)):
+        if self.exit_code is not None and (
+            isinstance(self.exit_code, bool) or not isinstance(self.exit_code, int)
+        ):
             raise SandboxConfigurationError("exit_code: must be an int or None")
         if self.retry_after is not None and (
             isinstance(self.retry_after, bool)
@@ -151,7 +153,9 @@ class SandboxHandle:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", _json_object(self.data, "handle"))
-        if self.display_name is not None and (not isinstance(self.display_name, str) or not self.display_name):
+        if self.display_name is not None and (
+            not isinstance(self.display_name, str) or not self.display_name
+        ):
             raise SandboxConfigurationError("display_name: must be a non-empty string or None")
 
 
@@ -199,7 +203,9 @@ def task_options(executor_config: object) -> dict[str, Any]:
     if executor_config is None:
         return {}
     if not isinstance(executor_config, Mapping):
-        raise SandboxConfigurationError("executor_config: must be a dict, e.g. {'pandastack': {'timeout': 600}}")
+        raise SandboxConfigurationError(
+            "executor_config: must be a dict, e.g. {'pandastack': {'timeout': 600}}"
+        )
     options = executor_config.get(EXECUTOR_CONFIG_KEY, {})
     if options is None:
         return {}

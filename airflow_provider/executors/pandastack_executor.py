@@ -78,7 +78,9 @@ class _Loop:
     def __init__(self, concurrency: int) -> None:
         self._loop = asyncio.new_event_loop()
         self._limit = asyncio.Semaphore(concurrency)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pandastack-executor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pandastack-executor", daemon=True
+        )
         self._thread.start()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
@@ -129,12 +131,16 @@ class PandaStackExecutor(BaseExecutor):
         super().__init__(*args, **kwargs)
         section = self.config_section
         get = self.conf.get
-        self.conn_id = get(section, "pandastack_conn_id", fallback="pandastack_default") or "pandastack_default"
+        self.conn_id = (
+            get(section, "pandastack_conn_id", fallback="pandastack_default") or "pandastack_default"
+        )
         self.python = get(section, "python", fallback=None) or sys.executable
         self.execution_api_url = get(section, "execution_api_server_url", fallback=None) or (
             get_execution_api_server_url(self.conf)
         )
-        self.dags_folder = get(section, "dags_folder", fallback=None) or get("core", "dags_folder", fallback="")
+        self.dags_folder: str = (
+            get(section, "dags_folder", fallback=None) or get("core", "dags_folder", fallback="") or ""
+        )
         self.poll_interval = float(get(section, "poll_interval", fallback="1") or 1)
         self.launch_concurrency = self.conf.getint(section, "launch_concurrency", fallback=8)
         self.adoption_timeout = float(get(section, "adoption_timeout", fallback="30") or 30)
@@ -147,7 +153,7 @@ class PandaStackExecutor(BaseExecutor):
             env = json.loads(env_text)
         except ValueError as exc:
             raise SandboxConfigurationError(
-                f"[{section}] env: not JSON ({exc}); give an object, e.g. {{\"TZ\": \"UTC\"}}"
+                f'[{section}] env: not JSON ({exc}); give an object, e.g. {{"TZ": "UTC"}}'
             ) from None
         self.launch_config = SandboxLaunchConfig(
             template=get(section, "template", fallback="code-interpreter") or "code-interpreter",
@@ -180,7 +186,7 @@ class PandaStackExecutor(BaseExecutor):
 
         try:
             conn = Connection.get_connection_from_secrets(self.conn_id)
-        except Exception:  # noqa: BLE001 - a missing default falls back to the SDK's environment
+        except Exception:
             if self.conn_id != "pandastack_default":
                 raise
             conn = None
@@ -235,7 +241,8 @@ class PandaStackExecutor(BaseExecutor):
         request_id = ti.external_executor_id
         if not is_preassigned_executor_id(request_id):
             raise SandboxConfigurationError(
-                f"task {ti.key} has no pre-assigned external_executor_id; PandaStackExecutor needs Airflow >= 3.3"
+                f"task {ti.key} has no pre-assigned external_executor_id; "
+                "PandaStackExecutor needs Airflow >= 3.3"
             )
         config = self.launch_config.overlay(ti.executor_config)
         return SandboxLaunchRequest(
@@ -280,7 +287,9 @@ class PandaStackExecutor(BaseExecutor):
                 request = self.launch_request(workload)
             except (SandboxConfigurationError, ValueError) as exc:
                 self.log.error("PandaStackExecutor: cannot run %s: %s", key, exc)
-                self._write_task_log(workload.log_path, None, [f"PandaStackExecutor: task not started: {exc}"])
+                self._write_task_log(
+                    workload.log_path, None, [f"PandaStackExecutor: task not started: {exc}"]
+                )
                 self.fail(key, info=str(exc))
                 continue
             future = self._submit(self._launch(request, workload.log_path))
@@ -358,7 +367,7 @@ class PandaStackExecutor(BaseExecutor):
                 continue
             try:
                 result = future.result()
-            except Exception:  # noqa: BLE001 - an unreachable API proves nothing: poll again later
+            except Exception:
                 self.log.warning("PandaStackExecutor: status of %s failed; polling again", key, exc_info=True)
                 self._defer_poll(key, failed=True)
                 continue
@@ -384,12 +393,12 @@ class PandaStackExecutor(BaseExecutor):
             if log_path and read_file is not None:
                 try:
                     log = await read_file(ref.handle, f"{GUEST_LOG_FOLDER}/{log_path}", MAX_TASK_LOG_BYTES)
-                except Exception:  # noqa: BLE001 - a missing log never changes the task's state
+                except Exception:
                     self.log.warning("could not read the task log of %s", ref.request_id, exc_info=True)
             if result.state is SandboxState.FAILED:
                 try:
                     output = await self.driver.get_output(ref.handle)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     self.log.warning("could not read the output of %s", ref.request_id, exc_info=True)
         await self.driver.terminate(ref.handle)
         return log, output
@@ -404,7 +413,7 @@ class PandaStackExecutor(BaseExecutor):
             output: SandboxOutput | None = None
             try:
                 log, output = future.result()
-            except Exception:  # noqa: BLE001 - the delete failed: keep fencing until it is gone
+            except Exception:
                 self.log.warning("PandaStackExecutor: cleanup of %s failed; fencing", key, exc_info=True)
                 self._start_fence(None, ref.request_id, "cleanup")
             lines: list[str] = []
@@ -428,7 +437,9 @@ class PandaStackExecutor(BaseExecutor):
             head += f" (exit code {result.exit_code})"
         lines = [head]
         if output is not None:
-            tail = (output.stdout + ("\n" if output.stdout and output.stderr else "") + output.stderr).splitlines()
+            tail = (
+                output.stdout + ("\n" if output.stdout and output.stderr else "") + output.stderr
+            ).splitlines()
             tail = [line for line in tail if line.strip()][-FAILURE_TAIL_LINES:]
             if tail:
                 lines.append(f"PandaStackExecutor: last {len(tail)} line(s) of the sandbox's output:")
@@ -450,7 +461,12 @@ class PandaStackExecutor(BaseExecutor):
                 if log is not None:
                     fh.write(log if log.endswith(b"\n") or not log else log + b"\n")
                 for line in lines:
-                    record = {"timestamp": _now(), "level": "error", "logger": "PandaStackExecutor", "event": line}
+                    record = {
+                        "timestamp": _now(),
+                        "level": "error",
+                        "logger": "PandaStackExecutor",
+                        "event": line,
+                    }
                     fh.write(json.dumps(record).encode() + b"\n")
         except OSError:
             self.log.warning("PandaStackExecutor: could not write the task log %s", target, exc_info=True)
@@ -469,7 +485,7 @@ class PandaStackExecutor(BaseExecutor):
             del self._fencing[future]
             try:
                 future.result()
-            except Exception:  # noqa: BLE001 - keep trying: this try must not run twice
+            except Exception:
                 self.log.warning("PandaStackExecutor: fencing %s failed; retrying", request_id, exc_info=True)
                 self._start_fence(key, request_id, why)
                 continue
@@ -495,13 +511,17 @@ class PandaStackExecutor(BaseExecutor):
                 try:
                     self.driver.validate_handle(ref.handle, request_id=ref.request_id)
                 except ValueError as exc:
-                    self.log.warning("PandaStackExecutor: %s has an unusable handle (%s); fencing", ti.key, exc)
+                    self.log.warning(
+                        "PandaStackExecutor: %s has an unusable handle (%s); fencing", ti.key, exc
+                    )
                     request_id: str | None = ref.request_id
                 else:
                     self._active[ti.key] = ref
                     self._next_poll[ti.key] = 0.0
                     self.running.add(ti.key)
-                    self.log.info("PandaStackExecutor: adopted %s in sandbox %s", ti.key, ref.handle.display_name)
+                    self.log.info(
+                        "PandaStackExecutor: adopted %s in sandbox %s", ti.key, ref.handle.display_name
+                    )
                     continue
             elif is_preassigned_executor_id(ti.external_executor_id):
                 request_id = str(ti.external_executor_id)

@@ -41,7 +41,9 @@ def _request(argv: list[str], *, timeout: int = 60, env: dict[str, str] | None =
         request_id=rid or str(uuid.uuid4()),
         command=tuple(argv),
         env=env or {},
-        config=SandboxLaunchConfig(template="code-interpreter", timeout_seconds=timeout, ttl_seconds=timeout + 60),
+        config=SandboxLaunchConfig(
+            template="code-interpreter", timeout_seconds=timeout, ttl_seconds=timeout + 60
+        ),
         labels={"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"},
     )
 

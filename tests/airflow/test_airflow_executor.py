@@ -1,0 +1,273 @@
+"""``PandaStackExecutor`` driven the way the scheduler drives it, against a real pandastack-local.
+
+The scheduler's side (queue_workload, heartbeat, the event buffer, adoption after a
+restart) is exercised directly on a real executor; every sandbox is real. Here the
+sandbox runs the standard Task SDK workload command with the host's bare Python,
+which has no Airflow: the try fails for real, and the failure path (exit code and the
+output's last lines in the task log, no sandbox left) is what is checked. Whole task
+tries through a scheduler are in test_airflow_executor_scheduler.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_provider.executors.driver import REQUEST_LABEL, PandaStackDriver
+from airflow_provider.executors.models import (
+    SandboxExecutionRef,
+    SandboxHandle,
+    SandboxLaunchConfig,
+    SandboxLaunchRequest,
+)
+from pandastack_jobs import ConnectionConfig
+
+
+@pytest.fixture
+def executor_env(airflow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Executor settings: the host's bare python3 in the sandbox, logs in a fresh folder."""
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__PYTHON", "/usr/bin/python3")
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", "0.2")
+    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path / "logs"))
+    return tmp_path / "logs"
+
+
+def _workload(executor_config: dict[str, Any] | None = None, try_number: int = 1) -> Any:
+    from airflow.executors.workloads import BundleInfo, ExecuteTask
+    from airflow.executors.workloads.task import TaskInstanceDTO
+
+    run_id = f"manual__{uuid.uuid4().hex[:8]}"
+    ti = TaskInstanceDTO(
+        id=uuid.uuid4(),
+        task_id="t",
+        dag_id="executor_unit",
+        run_id=run_id,
+        try_number=try_number,
+        dag_version_id=uuid.uuid4(),
+        pool_slots=1,
+        priority_weight=1,
+        external_executor_id=str(uuid.uuid4()),
+        executor_config=executor_config,
+    )
+    return ExecuteTask(
+        ti=ti,
+        dag_rel_path=Path("executor_unit.py"),
+        bundle_info=BundleInfo(name="dags-folder"),
+        log_path=f"dag_id=executor_unit/run_id={run_id}/task_id=t/attempt={try_number}.log",
+        token="task-scoped-token",
+    )
+
+
+def _executor() -> Any:
+    from airflow_provider.executors import PandaStackExecutor
+
+    executor = PandaStackExecutor(parallelism=4)
+    executor.start()
+    return executor
+
+
+def _until_event(executor: Any, key: Any, limit: float = 90) -> tuple[Any, Any]:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        executor.heartbeat()
+        event = executor.event_buffer.get(key)
+        if event is not None and str(event[0]) in ("success", "failed"):
+            return event
+        time.sleep(0.2)
+    raise AssertionError(f"no final event for {key}; buffer={executor.event_buffer}")
+
+
+def _log_records(folder: Path, workload: Any) -> list[dict[str, Any]]:
+    path = folder / workload.log_path
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_failed_try_reports_exit_code_and_last_lines_in_the_task_log(
+    executor_env: Path, local_server: Any
+) -> None:
+    executor = _executor()
+    workload = _workload()
+    try:
+        executor.queue_workload(workload, session=None)
+        executor.heartbeat()
+        state, info = _until_event(executor, workload.ti.key)
+        assert str(state) == "failed"
+        assert "exit code 1" in info
+        events = [r["event"] for r in _log_records(executor_env, workload)]
+        assert any("exit code 1" in e and "PandaStackExecutor" in e for e in events)
+        assert any("No module named" in e for e in events), events  # the sandbox's own last lines
+        assert local_server.client().sandboxes.list() == []
+        assert workload.ti.key not in executor.running
+    finally:
+        executor.end()
+
+
+def test_the_handle_is_persisted_through_the_running_event(executor_env: Path, local_server: Any) -> None:
+    """The scheduler stores a RUNNING event's info in external_executor_id: that is the handle."""
+    executor = _executor()
+    workload = _workload()
+    try:
+        executor.queue_workload(workload, session=None)
+        deadline = time.monotonic() + 30
+        persisted = None
+        while persisted is None and time.monotonic() < deadline:
+            executor.heartbeat()
+            event = executor.event_buffer.get(workload.ti.key)
+            if event and str(event[0]) == "running":
+                persisted = event[1]
+            time.sleep(0.05)
+        assert persisted is not None, executor.event_buffer
+        ref = SandboxExecutionRef.decode(persisted, expected_driver="pandastack")
+        assert ref is not None and ref.request_id == workload.ti.external_executor_id
+        assert ref.handle.data["log_path"] == workload.log_path
+        _until_event(executor, workload.ti.key)
+        assert local_server.client().sandboxes.list() == []
+    finally:
+        executor.end()
+
+
+def test_reserved_env_fails_the_try_with_a_clear_error_and_no_sandbox(
+    executor_env: Path, local_server: Any
+) -> None:
+    executor = _executor()
+    workload = _workload({"pandastack": {"env": {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "sqlite://"}}})
+    try:
+        executor.queue_workload(workload, session=None)
+        executor.heartbeat()
+        state, info = executor.event_buffer[workload.ti.key]
+        assert str(state) == "failed"
+        assert "reserved Airflow variables" in info and "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in info
+        assert any("reserved Airflow variables" in r["event"] for r in _log_records(executor_env, workload))
+        assert local_server.client().sandboxes.list() == []
+    finally:
+        executor.end()
+
+
+def test_capacity_refusal_requeues_after_retry_after(
+    executor_env: Path, make_local_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dagtest import connection_env
+
+    server = make_local_server(max_sandboxes=1, pool_size=0)
+    monkeypatch.setenv(*next(iter(connection_env(server, create_budget=0).items())))
+    client = server.client()
+    blocker = client.sandboxes.create(template="code-interpreter")
+    executor = _executor()
+    workload = _workload()
+    key = workload.ti.key
+    try:
+        executor.queue_workload(workload, session=None)
+        deadline = time.monotonic() + 20
+        while key not in executor._deferred and time.monotonic() < deadline:
+            executor.heartbeat()
+            time.sleep(0.05)
+        assert key in executor._deferred, "the refusal was not turned into a delayed requeue"
+        assert key not in executor.event_buffer  # not failed
+        client.sandboxes.delete(blocker.id)
+        state, info = _until_event(executor, key)
+        # Requeued and launched once capacity came back; the bare python then fails for real.
+        assert str(state) == "failed" and "exit code 1" in info
+        assert client.sandboxes.list() == []
+    finally:
+        executor.end()
+
+
+def _launch_direct(server: Any, argv: list[str], rid: str) -> SandboxHandle:
+    driver = PandaStackDriver(ConnectionConfig(api_url=server.url, api_key=server.api_key))
+    request = SandboxLaunchRequest(
+        request_id=rid,
+        command=tuple(argv),
+        env={},
+        config=SandboxLaunchConfig(template="code-interpreter", timeout_seconds=60, ttl_seconds=120),
+    )
+    return asyncio.run(driver.launch(request))
+
+
+def test_restarted_scheduler_adopts_persisted_and_fences_unpersisted(
+    executor_env: Path, local_server: Any
+) -> None:
+    """A new executor adopts a try whose handle was persisted and fences one whose handle was not."""
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    persisted_rid, bare_rid = str(uuid.uuid4()), str(uuid.uuid4())
+    handle = _launch_direct(local_server, ["sh", "-c", "sleep 2; exit 0"], persisted_rid)
+    ref = SandboxExecutionRef("pandastack", persisted_rid, handle)
+    orphan = local_server.client().sandboxes.create(
+        template="code-interpreter", metadata={REQUEST_LABEL: bare_rid}
+    )
+    adopted = SimpleNamespace(
+        key=TaskInstanceKey("d", "adopted", "r", 1, -1), external_executor_id=ref.encode()
+    )
+    unpersisted = SimpleNamespace(key=TaskInstanceKey("d", "bare", "r", 1, -1), external_executor_id=bare_rid)
+    foreign = SimpleNamespace(
+        key=TaskInstanceKey("d", "celery", "r", 1, -1), external_executor_id="celery-id"
+    )
+    executor = _executor()
+    try:
+        not_adopted = executor.try_adopt_task_instances([adopted, unpersisted, foreign])
+        assert [ti.key.task_id for ti in not_adopted] == ["bare", "celery"]
+        left = {sb.id for sb in local_server.client().sandboxes.list()}
+        assert orphan.id not in left, "the un-persisted try was not fenced before rescheduling"
+        assert handle.display_name in left
+        state, _ = _until_event(executor, adopted.key)
+        assert str(state) == "success"
+        assert local_server.client().sandboxes.list() == []
+    finally:
+        executor.end()
+
+
+def test_revoke_deletes_the_sandbox(executor_env: Path, local_server: Any) -> None:
+    from airflow.models.taskinstancekey import TaskInstanceKey
+
+    rid = str(uuid.uuid4())
+    handle = _launch_direct(local_server, ["sleep", "60"], rid)
+    ref = SandboxExecutionRef("pandastack", rid, handle)
+    ti = SimpleNamespace(key=TaskInstanceKey("d", "killed", "r", 1, -1), external_executor_id=ref.encode())
+    executor = _executor()
+    try:
+        assert executor.try_adopt_task_instances([ti]) == []
+        executor.revoke_task(ti=ti)
+        deadline = time.monotonic() + 20
+        while local_server.client().sandboxes.list() and time.monotonic() < deadline:
+            executor.heartbeat()
+            time.sleep(0.1)
+        assert local_server.client().sandboxes.list() == []
+        assert ti.key not in executor.running and ti.key not in executor.event_buffer
+    finally:
+        executor.end()
+
+
+def test_provider_info_and_multiple_executors_config(airflow_env: dict[str, str]) -> None:
+    """Listed in the provider info; beside LocalExecutor, a task's executor="PandaStackExecutor" resolves."""
+    from dagtest import AIRFLOW_BIN
+
+    from airflow_provider.get_provider_info import get_provider_info
+
+    assert "airflow_provider.executors.PandaStackExecutor" in get_provider_info()["executors"]
+    code = (
+        "from airflow.executors.executor_loader import ExecutorLoader as L\n"
+        "print([str(n) for n in L.get_executor_names()])\n"
+        "n = L.lookup_executor_name_by_str('PandaStackExecutor')\n"
+        "print(n.module_path, L.import_executor_cls(n)[0].pre_assigns_external_executor_id)\n"
+    )
+    python = str(Path(AIRFLOW_BIN).with_name("python"))
+    env = {
+        **os.environ,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor,airflow_provider.executors.PandaStackExecutor",
+    }
+    proc = subprocess.run(
+        [python, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names, resolved = proc.stdout.strip().splitlines()[-2:]
+    assert "LocalExecutor" in names and "airflow_provider.executors.PandaStackExecutor" in names
+    assert resolved == "airflow_provider.executors.PandaStackExecutor True"
