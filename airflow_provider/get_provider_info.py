@@ -50,6 +50,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider.triggers.sandbox"]}
         ],
         "executors": ["airflow_provider.executors.PandaStackExecutor"],
+        "cli": ["airflow_provider.executors.cli.get_cli_commands"],
         "task-decorators": [
             {"name": "pandastack", "class-name": "airflow_provider.decorators.pandastack.pandastack_task"}
         ],

@@ -3,8 +3,24 @@
 Configure ``[core] executor = airflow_provider.executors.PandaStackExecutor`` (alone, or
 beside others: ``CeleryExecutor,airflow_provider.executors.PandaStackExecutor``, and
 ``executor="PandaStackExecutor"`` on a task). See docs/airflow.md, section "Executor".
+
+The executor is imported on first use, so the CLI and provider discovery, which import
+this package, stay light.
 """
 
-from .pandastack_executor import PandaStackExecutor
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .pandastack_executor import PandaStackExecutor
 
 __all__ = ["PandaStackExecutor"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PandaStackExecutor":
+        from .pandastack_executor import PandaStackExecutor
+
+        return PandaStackExecutor
+    raise AttributeError(name)
