@@ -120,7 +120,10 @@ class Exposed:
     """Host directories bound read-only under one world-traversable directory of this namespace."""
 
     def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="pandastack-exposed-"))
+        # /run when we may (root): unlike /tmp, no tmpfiles cleaner removes its old empty dirs, which
+        # would detach these binds under a long-running server.
+        parent = "/run" if os.access("/run", os.W_OK) else None
+        self.root = Path(tempfile.mkdtemp(prefix="pandastack-exposed-", dir=parent))
         self.root.chmod(0o711)
         self.mounts: list[Path] = []
 
