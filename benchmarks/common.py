@@ -1,4 +1,6 @@
-"""Shared pieces of the benchmarks: the job they all run, statistics, RSS and machine facts.
+"""Shared pieces of the benchmarks: the job they all run, statistics and machine facts.
+
+RSS comes from the tests' one /proc walker, ``tests.support.procs``.
 
 Every measurement runs the *same* small job (the seed's shape: input.json in,
 result.json out) so that the numbers of different modules can be set side by side.
@@ -82,45 +84,6 @@ def interleaved(
         for name in order:
             samples[name].extend(timed(variants[name]) for _ in range(batch))
     return samples
-
-
-def rss_kb(pid: int | None = None) -> int:
-    """Resident set size of one process, from /proc (no psutil in the Prefect venv)."""
-    status = Path(f"/proc/{pid or 'self'}/status").read_text()
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def descendants(pid: int) -> list[int]:
-    """All descendant pids of ``pid`` (the server's sandboxes are its children)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def tree_rss_kb(pid: int) -> int:
-    """RSS of a process and all its descendants (summed; shared pages counted twice)."""
-    total = 0
-    for p in [pid, *descendants(pid)]:
-        try:
-            total += rss_kb(p)
-        except OSError:
-            continue
-    return total
 
 
 def version(dist: str) -> str | None:

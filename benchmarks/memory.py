@@ -16,7 +16,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, log, machine, rss_kb, write_json
+from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, log, machine, write_json
+from tests.support.procs import rss_kb
 
 
 def main() -> None:

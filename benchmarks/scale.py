@@ -24,11 +24,10 @@ from benchmarks.common import (
     JOB_TIMEOUT,
     log,
     machine,
-    rss_kb,
     summary,
-    tree_rss_kb,
     write_json,
 )
+from tests.support.procs import rss_kb, tree_rss_kb
 
 LEVELS = [1, 2, 4, 8]
 

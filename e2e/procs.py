@@ -221,36 +221,3 @@ def run(
     if cp.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {cp.returncode}:\n{text[-4000:]}")
     return text
-
-
-def listening_ports() -> set[int]:
-    """TCP ports in LISTEN state on this machine (from /proc/net/tcp{,6})."""
-    ports: set[int] = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(path) as f:
-            for line in f.readlines()[1:]:
-                parts = line.split()
-                if len(parts) > 3 and parts[3] == "0A":
-                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (via /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out

@@ -50,25 +50,18 @@ cleanup() {
   fi
   left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
 import os, sys
-from e2e.procs import listening_ports
+from tests.support.procs import listening_ports, pids, read_proc
 run_dir = sys.argv[1]
 try:
     ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}
 except OSError:
     ours = set()
-procs = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    if int(pid) == os.getpid():
-        continue
-    try:  # a process may exit between the two reads
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except OSError:
-        continue
-    if f"E2E_RUN_DIR={run_dir}".encode() in env or run_dir.encode() in cmdline:
-        procs.append(pid)
+procs = [
+    str(pid)
+    for pid in pids()
+    if f"E2E_RUN_DIR={run_dir}".encode() in (read_proc(pid, "environ") or b"")
+    or run_dir.encode() in (read_proc(pid, "cmdline") or b"")
+]
 ports = sorted(listening_ports() & ours)
 print(f"procs={' '.join(procs)} ports={' '.join(map(str, ports))}")
 PY

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.procs import descendants
+
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
-from .procs import ProcessGroup, descendants, wait_for
+from .procs import ProcessGroup, wait_for
 from .services import PandaStack, Postgres, Redis
 
 pytestmark = pytest.mark.timeout(600)

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.procs import descendants
+
 from .prefect_stack import WORKERS, PrefectStack, start_prefect
-from .procs import ProcessGroup, descendants, wait_for
+from .procs import ProcessGroup, wait_for
 from .services import PandaStack, Postgres
 
 pytestmark = pytest.mark.timeout(600)

@@ -4,9 +4,9 @@
 - ``ps_client``: a fresh ``pandastack.Client`` pointed at it.
 - ``make_local_server(**opts)``: a private server with special options
   (max_sandboxes=1, a short ttl_scan_interval, template_dirs, ...), closed after the test.
-- leak guard (in effect for every test that uses ``local_server``): after the test,
-  the server must hold zero sandboxes; leftovers are deleted and the test fails
-  naming them.
+- leak guard (in effect for every test that uses ``local_server`` or the reliability suite's
+  ``rel_server``): after the test, the server must hold zero sandboxes; leftovers are deleted
+  and the test fails naming them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pandastack_local import LocalServer
+from tests.support.server import fail_on_leftovers
 
 
 @pytest.fixture(scope="session")
@@ -44,24 +45,13 @@ def make_local_server() -> Iterator[Callable[..., LocalServer]]:
         server.close()
 
 
+# The servers whose tests must leave zero sandboxes (``rel_server``: tests/reliability/conftest.py).
+GUARDED_SERVERS = ("local_server", "rel_server")
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_sandboxes(request: pytest.FixtureRequest) -> Iterator[None]:
-    if "local_server" not in request.fixturenames:
-        yield
-        return
-    server: LocalServer = request.getfixturevalue("local_server")
+    servers = [request.getfixturevalue(name) for name in GUARDED_SERVERS if name in request.fixturenames]
     yield
-    if not server.running():
-        return
-    client = server.client()
-    leftovers = client.sandboxes.list()
-    if not leftovers:
-        return
-    names = []
-    for sb in leftovers:
-        names.append(f"{sb.id} (template={sb.template}, metadata={sb.metadata})")
-        try:
-            client.sandboxes.delete(sb.id)
-        except Exception:  # already gone is fine: the failure below names it anyway
-            pass
-    pytest.fail(f"test left {len(leftovers)} sandbox(es) on the local server: " + "; ".join(names))
+    for server in servers:
+        fail_on_leftovers(server)

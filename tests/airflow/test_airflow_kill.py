@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pendulum
-from dagtest import run_next_try, task_instances
-from worker_dags import build
+
+from tests.airflow.worker_dags import build
+from tests.support.dagtest import run_next_try, task_instances
 
 HERE = Path(__file__).parent
 

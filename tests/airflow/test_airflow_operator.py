@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG
-from dagtest import all_xcom_text, connection_env, run_dag, task_instances, try_history, xcom
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from tests.support.dagtest import all_xcom_text, connection_env, run_dag, task_instances, try_history, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from dagtest import airflow_cli, connection_env
 
 from airflow_provider.hooks.pandastack import PandaStackHook, config_from_connection
 from airflow_provider.retry import pandastack_retry_policy
+from tests.support.dagtest import airflow_cli, connection_env
 
 
 def test_providers_list_shows_the_provider_and_its_decorator(airflow_db):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pendulum
 import pytest
 from airflow.sdk import DAG, task
-from dagtest import run_dag, task_instances, xcom
 
 from airflow_provider.operators.pool import (
     PandaStackForkOperator,
@@ -18,6 +17,7 @@ from airflow_provider.operators.pool import (
 )
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 from pandastack_jobs import JobSpec, start_detached
+from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

@@ -35,8 +35,8 @@ def build(dag_id: str) -> DAG:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    from dagtest import run_dag
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo: tests.support
+    from tests.support.dagtest import run_dag
 
     dag_id, logical_date = sys.argv[1], pendulum.parse(sys.argv[2])
     dr = run_dag(build(dag_id), logical_date=logical_date, run_after=logical_date)

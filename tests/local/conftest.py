@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pandastack_local import LocalServer
+from tests.support.server import fail_on_leftovers, write_template
 
 CANARY_ENV = "PANDASTACK_LOCAL_TEST_CANARY"
 CANARY_VALUE = "canary-3f9c1d"
-
-
-def write_template(directory: Path, **spec: object) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "template.json").write_text(json.dumps(spec))
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +20,15 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServ
     canary variable in its environment that no sandbox may see."""
     base = tmp_path_factory.mktemp("templates")
     small = write_template(
-        base / "small", name="small", cpu=1, memory_mb=256, pids_max=64, disk_mb=64, nofile=128
+        base / "small",
+        {"/opt/app/hello.txt": "from the template\n"},
+        name="small",
+        cpu=1,
+        memory_mb=256,
+        pids_max=64,
+        disk_mb=64,
+        nofile=128,
     )
-    rootfs = small / "rootfs" / "opt" / "app"
-    rootfs.mkdir(parents=True)
-    (rootfs / "hello.txt").write_text("from the template\n")
     os.environ[CANARY_ENV] = CANARY_VALUE
     try:
         server = LocalServer(template_dirs=[str(small)]).start()
@@ -52,5 +49,4 @@ def canary() -> tuple[str, str]:
 @pytest.fixture
 def small_client(small_server: LocalServer) -> Iterator[object]:
     yield small_server.client()
-    leftovers = small_server.delete_leftovers()
-    assert not leftovers, f"test left sandboxes behind: {leftovers}"
+    fail_on_leftovers(small_server)

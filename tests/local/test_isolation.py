@@ -11,6 +11,8 @@ from pathlib import Path
 import pandastack
 import pytest
 
+from tests.support.procs import pids_matching
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 FORK_BOMB = """
 import os, time
@@ -34,19 +36,6 @@ try:
 except OSError as e:
     print("refused", e)
 """
-
-
-def host_pids_matching(text: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if text.encode() in cmdline:
-                pids.append(int(entry))
-    return pids
 
 
 def cgroup_dirs(name: str) -> list[Path]:
@@ -110,13 +99,13 @@ def test_background_process_lives_until_delete(small_client) -> None:
         assert sb.exec("ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline").exit_code == 0
         # A later exec still sees it: execs share the sandbox's namespaces.
         assert marker in sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
-        assert host_pids_matching(marker), "background process should be running on the host"
+        assert pids_matching(marker), "background process should be running on the host"
     finally:
         sb.kill()
     deadline = time.monotonic() + 5
-    while host_pids_matching(marker) and time.monotonic() < deadline:
+    while pids_matching(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not host_pids_matching(marker), "background process survived its sandbox"
+    assert not pids_matching(marker), "background process survived its sandbox"
 
 
 def test_host_files_and_other_sandboxes_are_invisible(small_client, tmp_path) -> None:
@@ -190,9 +179,9 @@ def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     sb.kill()
     assert not sandbox_dir.exists()
     assert not cgroup_dirs(sb.id)
-    assert not host_pids_matching(sb.id)
+    assert not pids_matching(sb.id)
     time.sleep(0.1)
-    assert not host_pids_matching("sleep 4321")
+    assert not pids_matching("sleep 4321")
     with pytest.raises(pandastack.NotFoundError):
         small_client.sandboxes.get(sb.id)
 

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from prefect_blocks import PandaStackCredentials
+from tests.support.prefect_fixtures import fast_redelivery, prefect_api
 
-
-@pytest.fixture(scope="session", autouse=True)
-def prefect_api() -> Iterator[None]:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with prefect_test_harness(server_startup_timeout=60):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def fast_redelivery(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Keep the jittered redelivery delay short in tests (the default base is 2 s).
-    monkeypatch.setenv("PREFECT_INTEGRATIONS_PANDASTACK_RETRY_BASE_SECONDS", "0.2")
+__all__ = ["credentials", "fast_redelivery", "prefect_api"]
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from prefect import flow, unmapped
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.futures import wait
-from prefect_readback import flow_run_id, logs, task_runs
 
 from prefect_blocks import PandaStackCredentials, run_in_sandbox, sandbox_cleanup_hook
 from prefect_blocks.keys import flow_run_key
+from tests.support.prefect_readback import flow_run_id, logs, task_runs
 
 
 def test_capacity_refusal_is_redelivered_no_sooner_than_retry_after(make_local_server) -> None:

@@ -10,7 +10,6 @@ from urllib.parse import urlparse
 import pytest
 from prefect import flow, unmapped
 from prefect.futures import wait
-from prefect_readback import artifacts, flow_run_id, logs, task_runs
 
 from pandastack_jobs import JobArgumentsError
 from prefect_blocks import (
@@ -22,6 +21,7 @@ from prefect_blocks import (
     sandbox_task,
     warm_pool,
 )
+from tests.support.prefect_readback import artifacts, flow_run_id, logs, task_runs
 
 FAKE_TOKEN = "pds_" + "0123456789abcdef" * 2
 REPORT_JOB = f"""

@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rel_support import CANARY_NAME, CANARY_VALUE, HostProbe, write_hostile_template
 
 from pandastack_local import LocalServer
+from tests.reliability.rel_support import CANARY_NAME, CANARY_VALUE, HostProbe, write_hostile_template
+from tests.support.airflow_env import isolate_airflow_home
 
 if "airflow" not in sys.modules:
-    _home = Path(os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME") or tempfile.mkdtemp(prefix="ps-rel-airflow-"))
-    (_home / "dags").mkdir(parents=True, exist_ok=True)
-    os.environ.update(
-        {
-            "PANDASTACK_TEST_AIRFLOW_HOME": str(_home),
-            "AIRFLOW_HOME": str(_home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_home}/airflow.db",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(_home / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        }
-    )
+    isolate_airflow_home("ps-rel-airflow-")
 
 
 @pytest.fixture(scope="session")
@@ -56,23 +44,3 @@ def rel_server(rel_templates: Path) -> Iterator[LocalServer]:
 @pytest.fixture(scope="session")
 def host(rel_server: LocalServer) -> HostProbe:
     return HostProbe(rel_server)
-
-
-@pytest.fixture(autouse=True)
-def _rel_no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test on ``rel_server`` must leave zero sandboxes (leftovers are deleted, then fail)."""
-    if "rel_server" not in request.fixturenames:
-        yield
-        return
-    server: LocalServer = request.getfixturevalue("rel_server")
-    yield
-    if not server.running():
-        return
-    client = server.client()
-    leftovers = client.sandboxes.list()
-    for sb in leftovers:
-        try:
-            client.sandboxes.delete(sb.id)
-        except Exception:
-            pass
-    assert not leftovers, f"test left sandboxes: {[(s.id, s.metadata) for s in leftovers]}"

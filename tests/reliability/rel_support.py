@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_jobs import FailureClass, FailureKind, JobOutcome
+from tests.support.procs import pids_matching, starttime
 
 REPO = Path(__file__).resolve().parents[2]
 TENANTS = REPO / "jobs" / "tenants"
@@ -450,38 +450,6 @@ def host_ip() -> str | None:
 # -- the host side -------------------------------------------------------------------------------
 
 
-def orchestrator_usage() -> tuple[int, int]:
-    """(RSS in kB, open fds) of this process: the orchestrator."""
-    rss = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
-    return rss, len(os.listdir("/proc/self/fd"))
-
-
-def _starttime(pid: int) -> str | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2 :].split()[19].decode()
-
-
-def host_pids_matching(text: str) -> list[int]:
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me:
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if text.encode() in cmdline:
-                out.append(int(entry))
-    return out
-
-
 @dataclass
 class SandboxTrace:
     """What the host saw of one sandbox while it lived: its bwrap process and identity."""
@@ -523,11 +491,11 @@ class HostProbe:
         record = Path(self.server.state_dir) / "sandboxes" / sandbox_id / "record.json"
         with contextlib.suppress(OSError, ValueError, KeyError):
             trace.bwrap_pid = int(json.loads(record.read_text())["pid"])
-            trace.bwrap_start = _starttime(trace.bwrap_pid)
+            trace.bwrap_start = starttime(trace.bwrap_pid)
         return trace
 
     def alive(self, trace: SandboxTrace) -> bool:
-        return trace.bwrap_pid is not None and _starttime(trace.bwrap_pid) == trace.bwrap_start
+        return trace.bwrap_pid is not None and starttime(trace.bwrap_pid) == trace.bwrap_start
 
     def leftovers(self, trace: SandboxTrace, markers: tuple[str, ...] = ()) -> list[str]:
         """Everything of the sandbox still on the host: processes, cgroups, its dir, mounts."""
@@ -540,11 +508,11 @@ class HostProbe:
         for base in self.cgroup_bases:
             if (base / sid).exists():
                 problems.append(f"cgroup {base / sid} still exists")
-        if host_pids_matching(sid):
-            problems.append(f"host processes naming it: {host_pids_matching(sid)}")
+        if pids_matching(sid):
+            problems.append(f"host processes naming it: {pids_matching(sid)}")
         for marker in markers:
-            if host_pids_matching(marker):
-                problems.append(f"host processes matching {marker!r}: {host_pids_matching(marker)}")
+            if pids_matching(marker):
+                problems.append(f"host processes matching {marker!r}: {pids_matching(marker)}")
         with open("/proc/self/mountinfo") as f:
             if sid in f.read():
                 problems.append("a mount names it")

@@ -4,22 +4,20 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# "airflow.sdk", not "airflow": tests/airflow is a namespace package named airflow on sys.path.
 pytest.importorskip("airflow.sdk")
 
 import pendulum
 from airflow.sdk import DAG
-from rel_support import (
+
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from tests.reliability.rel_support import (
     CANARY_VALUE,
     FAKE_TOKEN,
     HOSTILE,
@@ -27,19 +25,16 @@ from rel_support import (
     TEMPLATE,
     TENANTS,
     hostile_files,
-    orchestrator_usage,
     secret_free,
     sibling_expected,
     sibling_rows,
 )
-from sqlalchemy import select
-
-from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from tests.support.dagtest import all_xcom_text, connection_env, migrate_db, run_dag, task_instances, xcoms
+from tests.support.procs import rss_and_fds
 
 pytestmark = pytest.mark.reliability
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
 # The subset: one per family (memory, processes, CPU, disk, descriptors, result, kill).
 SUBSET = [
     "memory_hog",
@@ -54,71 +49,12 @@ SUBSET = [
 
 @pytest.fixture(scope="module")
 def airflow_env(rel_server: Any) -> Any:
-    home = Path(os.environ["AIRFLOW_HOME"])
-    if not (home / ".migrated").exists():
-        proc = subprocess.run(
-            [AIRFLOW_BIN, "db", "migrate"], capture_output=True, text=True, timeout=300, check=False
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        (home / ".migrated").touch()
-    conn = {
-        "conn_type": "pandastack",
-        "host": rel_server.url,
-        "password": rel_server.api_key,
-        "extra": {"max_create_retry_seconds": 60},
-    }
-    os.environ["AIRFLOW_CONN_PANDASTACK_DEFAULT"] = json.dumps(conn)
+    home = migrate_db()
+    env = connection_env(rel_server, create_budget=60)
+    os.environ.update(env)
     yield home
-    os.environ.pop("AIRFLOW_CONN_PANDASTACK_DEFAULT", None)
-
-
-def run_dag(dag: DAG) -> Any:
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-
-    DagBundlesManager().sync_bundles_to_db()
-    bag = DagBag(dag_folder=str(Path(os.environ["AIRFLOW_HOME"]) / "dags"))
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
-    return dag.test()
-
-
-def task_instances(dr: Any) -> dict[tuple[str, int], Any]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        tis = session.scalars(
-            select(TaskInstance).where(TaskInstance.dag_id == dr.dag_id, TaskInstance.run_id == dr.run_id)
-        ).all()
-        for ti in tis:
-            session.expunge(ti)
-    return {(ti.task_id, ti.map_index): ti for ti in tis}
-
-
-def xcoms(dr: Any) -> dict[tuple[str, int, str], Any]:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.scalars(
-            select(XComModel).where(XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id)
-        ).all()
-        return {(r.task_id, r.map_index, r.key): XComModel.deserialize_value(r) for r in rows}
-
-
-def rendered_text(dr: Any) -> str:
-    from airflow.models.renderedtifields import RenderedTaskInstanceFields
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.scalars(
-            select(RenderedTaskInstanceFields).where(
-                RenderedTaskInstanceFields.dag_id == dr.dag_id,
-                RenderedTaskInstanceFields.run_id == dr.run_id,
-            )
-        ).all()
-        return "\n".join(str(r.rendered_fields) for r in rows)
+    for name in env:
+        os.environ.pop(name, None)
 
 
 def sibling(task_id: str, i: int, **kwargs: Any) -> PandaStackSandboxOperator:
@@ -204,10 +140,10 @@ def test_airflow_hostile_subset_fails_alone(
         before >> [*hostile, retried, dead, escape] >> after
     # Measured after a collection: dag.test() leaves event loops and API sockets to the cyclic GC.
     gc.collect()
-    usage_before = orchestrator_usage()
+    usage_before = rss_and_fds()
     dr = run_dag(dag)
     gc.collect()
-    usage_after = orchestrator_usage()
+    usage_after = rss_and_fds()
     tis = task_instances(dr)
     values = xcoms(dr)
 
@@ -238,7 +174,7 @@ def test_airflow_hostile_subset_fails_alone(
     assert [s for s in used if (Path(rel_server.state_dir) / "sandboxes" / s).exists()] == []
 
     # No secret in XCom, rendered fields or the task logs; token-shaped output is masked.
-    stored = json.dumps({str(k): v for k, v in values.items()}, default=str) + rendered_text(dr)
+    stored = all_xcom_text(dr)
     logs = capfd.readouterr()
     assert secret_free(stored + logs.out + logs.err, rel_server.api_key, CANARY_VALUE) == []
     assert FAKE_TOKEN not in logs.out + logs.err
@@ -269,10 +205,10 @@ def test_airflow_soak_200_jobs(airflow_env: Any, rel_server: Any) -> None:
     warm = run_dag(soak_dag("rel_soak_warmup", SOAK_WARMUP))
     assert warm.state == "success"
     gc.collect()
-    rss_warm, fds_warm = orchestrator_usage()
+    rss_warm, fds_warm = rss_and_fds()
     dr = run_dag(soak_dag("rel_soak", SOAK_TOTAL))
     gc.collect()
-    rss_end, fds_end = orchestrator_usage()
+    rss_end, fds_end = rss_and_fds()
     tis = task_instances(dr)
     values = xcoms(dr)
     assert sorted(ti.state for ti in tis.values()) == ["success"] * SOAK_TOTAL

@@ -16,15 +16,6 @@ from typing import Any
 
 import pandastack
 import pytest
-import rel_worker
-from rel_support import (
-    TEMPLATE,
-    HostProbe,
-    Recorder,
-    outcome_text,
-    secret_free,
-    wait_for,
-)
 
 from pandastack_jobs import (
     ConnectionConfig,
@@ -34,6 +25,15 @@ from pandastack_jobs import (
     JobSpec,
     run_job,
     sweep_job,
+)
+from tests.reliability import rel_worker
+from tests.reliability.rel_support import (
+    TEMPLATE,
+    HostProbe,
+    Recorder,
+    outcome_text,
+    secret_free,
+    wait_for,
 )
 
 pytestmark = pytest.mark.reliability

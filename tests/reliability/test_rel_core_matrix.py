@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rel_support import (
+
+from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobOutcome, JobSpec, run_job
+from tests.reliability.rel_support import (
     CANARY_NAME,
     CANARY_VALUE,
     ESCAPE_PROBE,
@@ -33,17 +35,14 @@ from rel_support import (
     Recorder,
     counted,
     host_ip,
-    host_pids_matching,
     hostile_files,
-    orchestrator_usage,
     outcome_text,
     secret_free,
     sibling_expected,
     sibling_rows,
     wait_for,
 )
-
-from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobOutcome, JobSpec, run_job
+from tests.support.procs import pids_matching, rss_and_fds
 
 pytestmark = pytest.mark.reliability
 
@@ -87,7 +86,7 @@ def test_hostile_job_fails_alone(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     marker = f"ps-rel-{case.name}-{uuid.uuid4().hex[:8]}"
-    rss0, fds0 = orchestrator_usage()
+    rss0, fds0 = rss_and_fds()
     recorder = Recorder(host)
     hostile = JobSpec(
         command=f"python3 job.py {marker}",
@@ -127,7 +126,7 @@ def test_hostile_job_fails_alone(
         assert FAKE_TOKEN not in sibling.stdout_tail and "token ***" in sibling.stdout_tail
 
     # The orchestrator kept its memory and descriptors; the server is up.
-    rss1, fds1 = orchestrator_usage()
+    rss1, fds1 = rss_and_fds()
     assert fds1 <= fds0 + FD_SLACK, (fds0, fds1)
     assert rss1 - rss0 < RSS_SLACK_KB, (rss0, rss1)
     assert rel_server.running()
@@ -183,7 +182,7 @@ json.dump({{
 
     def watch(stream: str, chunk: str) -> None:
         if "background started" in chunk:
-            seen_on_host.append(bool(host_pids_matching(f"sleep {marker}")))
+            seen_on_host.append(bool(pids_matching(f"sleep {marker}")))
 
     recorder = Recorder(host)
     first = run_job(
@@ -238,7 +237,7 @@ def test_escape_and_snooping_find_nothing(
         str(Path.home() / f"ps-rel-escape-{token}"),
     ]
     recorder = Recorder(host)
-    rss0, fds0 = orchestrator_usage()
+    rss0, fds0 = rss_and_fds()
     try:
         with ThreadPoolExecutor(1) as pool:
             sibling_future = pool.submit(
@@ -324,7 +323,7 @@ def test_escape_and_snooping_find_nothing(
         assert host_secret.read_text() == "host secret"
         assert rel_server.running()
         assert sibling.ok and sibling.result == {"sibling": "ok"}, outcome_text(sibling)
-        rss1, fds1 = orchestrator_usage()
+        rss1, fds1 = rss_and_fds()
         assert fds1 <= fds0 + FD_SLACK and rss1 - rss0 < RSS_SLACK_KB
         for trace in recorder.traces:
             assert host.wait_clean(trace) == []

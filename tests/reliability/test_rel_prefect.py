@@ -5,29 +5,18 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
 
-# "prefect.testing", not "prefect": tests/prefect is a namespace package named prefect on sys.path.
 pytest.importorskip("prefect.testing.utilities")
 
 from prefect import flow, unmapped
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (
-    ArtifactFilter,
-    ArtifactFilterFlowRunId,
-    FlowRunFilter,
-    FlowRunFilterId,
-    LogFilter,
-    LogFilterFlowRunId,
-)
-from prefect.logging.handlers import APILogWorker
-from prefect.testing.utilities import prefect_test_harness
-from rel_support import (
+
+from prefect_blocks import PandaStackCredentials, PandaStackSandbox, SandboxJobFailed, run_in_sandbox
+from tests.reliability.rel_support import (
     CANARY_VALUE,
     ESCAPE_PROBE,
     FAKE_TOKEN,
@@ -35,59 +24,24 @@ from rel_support import (
     SIBLING_JOB,
     TEMPLATE,
     hostile_files,
-    orchestrator_usage,
     secret_free,
     sibling_expected,
     sibling_rows,
 )
-
-from prefect_blocks import PandaStackCredentials, PandaStackSandbox, SandboxJobFailed, run_in_sandbox
+from tests.support.prefect_fixtures import fast_redelivery, prefect_api
+from tests.support.prefect_readback import artifacts_text, flow_run_id, logs, task_runs
+from tests.support.procs import rss_and_fds
 
 pytestmark = pytest.mark.reliability
+__all__ = ["fast_redelivery", "prefect_api"]  # fixtures, used by name
 
 SUBSET = ["decompression_bomb", "threads", "exponential_regex", "fill_tmp", "open_files", "kill_everything"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_api() -> Iterator[None]:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with prefect_test_harness(server_startup_timeout=60):
-        yield
-
-
-@pytest.fixture(autouse=True)
-def fast_redelivery(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFECT_INTEGRATIONS_PANDASTACK_RETRY_BASE_SECONDS", "0.2")
 
 
 @pytest.fixture
 def block(rel_server: Any) -> PandaStackSandbox:
     credentials = PandaStackCredentials(api_url=rel_server.url, api_key=rel_server.api_key)
     return PandaStackSandbox(credentials=credentials, template=TEMPLATE, timeout=90)
-
-
-def run_id(state: Any) -> Any:
-    return state.state_details.flow_run_id
-
-
-def artifacts_text(flow_run: Any) -> str:
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run]))
-        )
-    return "\n".join(f"{a.key} {a.data} {a.description}" for a in found)
-
-
-def logs_text(flow_run: Any) -> str:
-    APILogWorker.drain_all(timeout=10)
-    with get_client(sync_client=True) as client:
-        records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run])))
-    return "\n".join(r.message for r in records)
-
-
-def task_runs(flow_run: Any) -> list[Any]:
-    with get_client(sync_client=True) as client:
-        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run])))
 
 
 def failure_of(future: Any) -> dict[str, str] | None:
@@ -159,9 +113,9 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
             out[name] = failure_of(future)
         return out
 
-    usage_before = orchestrator_usage()
+    usage_before = rss_and_fds()
     state = hostile_flow(return_state=True)
-    usage_after = orchestrator_usage()
+    usage_after = rss_and_fds()
     assert state.is_completed(), state.message
     out = state.result()
     assert out["before"] == sibling_expected(0) and out["after"] == sibling_expected(1)
@@ -171,8 +125,8 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
             out[name],
         )
 
-    flow_run = run_id(state)
-    text = logs_text(flow_run) + artifacts_text(flow_run)
+    flow_run = flow_run_id(state)
+    text = logs(flow_run) + artifacts_text(flow_run)
     assert secret_free(text, rel_server.api_key, CANARY_VALUE) == []
     assert FAKE_TOKEN not in text and "token ***" in text
     assert usage_after[1] <= usage_before[1] + 8, (usage_before, usage_after)
@@ -196,9 +150,9 @@ def test_prefect_redeliver_retries_and_dead_letter_does_not(block: PandaStackSan
         {"kind": "timeout", "class": "redeliver"},
         {"kind": "result_too_large", "class": "dead_letter"},
     )
-    runs = task_runs(run_id(state))
+    runs = task_runs(flow_run_id(state))
     assert sorted(r.run_count for r in runs) == [1, 2], [(r.name, r.run_count) for r in runs]
-    assert "result-bomb-dead-letter" in artifacts_text(run_id(state))
+    assert "result-bomb-dead-letter" in artifacts_text(flow_run_id(state))
 
 
 def test_prefect_escape_probe_finds_nothing(rel_server: Any, block: PandaStackSandbox) -> None:
@@ -228,7 +182,7 @@ def test_prefect_escape_probe_finds_nothing(rel_server: Any, block: PandaStackSa
         assert seen[key] == [], (key, seen[key])
     assert secret_free(seen["env_text"], rel_server.api_key, CANARY_VALUE) == []
     assert not Path(cfg["write_paths"][0]).exists()
-    text = logs_text(run_id(state)) + artifacts_text(run_id(state))
+    text = logs(flow_run_id(state)) + artifacts_text(flow_run_id(state))
     assert secret_free(text, rel_server.api_key, CANARY_VALUE) == []
 
 
@@ -258,10 +212,10 @@ def test_prefect_soak_200_jobs(rel_server: Any, block: PandaStackSandbox) -> Non
 
     assert soak_flow(SOAK_WARMUP) == [{"n": n, "square": n * n} for n in range(SOAK_WARMUP)]
     gc.collect()
-    rss_warm, fds_warm = orchestrator_usage()
+    rss_warm, fds_warm = rss_and_fds()
     assert soak_flow(SOAK_TOTAL) == [{"n": n, "square": n * n} for n in range(SOAK_TOTAL)]
     gc.collect()
-    rss_end, fds_end = orchestrator_usage()
+    rss_end, fds_end = rss_and_fds()
     assert rss_end < rss_warm * 1.05, (rss_warm, rss_end)
     assert fds_end <= fds_warm + 4, (fds_warm, fds_end)
     assert rel_server.client().sandboxes.list() == []

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rel_support import TEMPLATE, orchestrator_usage
 
 from pandastack_jobs import ConnectionConfig, JobKey, JobSpec, run_job
+from tests.reliability.rel_support import TEMPLATE
+from tests.support.procs import rss_and_fds
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -49,11 +50,11 @@ def test_core_soak_1000_jobs(rel_server: Any) -> None:
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(one, range(WARMUP)))
         gc.collect()
-        rss_warm, fds_warm = orchestrator_usage()
+        rss_warm, fds_warm = rss_and_fds()
         for start in range(WARMUP, TOTAL, 100):
             list(pool.map(one, range(start, min(start + 100, TOTAL))))
             gc.collect()
-            samples.append((start + 100, *orchestrator_usage()))
+            samples.append((start + 100, *rss_and_fds()))
     rss_end = samples[-1][1]
 
     assert failures == [], failures[:10]

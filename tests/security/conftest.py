@@ -18,21 +18,16 @@ import pandastack
 import pytest
 
 from pandastack_local import LocalServer
+from tests.support.server import fail_on_leftovers, write_template
 
 SMALL = {"name": "small", "cpu": 1, "memory_mb": 256, "disk_mb": 64, "pids_max": 64, "nofile": 256}
-
-
-def write_template(directory: Path, **spec: object) -> str:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "template.json").write_text(json.dumps(spec))
-    return str(directory)
 
 
 @pytest.fixture(scope="session")
 def security_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
     """A private server (warm pool off: every sandbox is a fresh start) with the small template."""
     base = tmp_path_factory.mktemp("security-templates")
-    small = write_template(base / "small", **SMALL)
+    small = str(write_template(base / "small", **SMALL))
     with LocalServer(template_dirs=[small], pool_size=0) as server:
         yield server
 
@@ -40,8 +35,7 @@ def security_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS
 @pytest.fixture
 def security_client(security_server: LocalServer) -> Iterator[Any]:
     yield security_server.client()
-    leftovers = security_server.delete_leftovers()
-    assert not leftovers, f"test left sandboxes behind: {leftovers}"
+    fail_on_leftovers(security_server)
 
 
 @pytest.fixture
@@ -60,7 +54,7 @@ def make_template(tmp_path: Path) -> Callable[..., str]:
     """make_template(name=..., memory_mb=..., ...): a template directory for a private server."""
 
     def make(**spec: object) -> str:
-        return write_template(tmp_path / "templates" / str(spec["name"]), **spec)
+        return str(write_template(tmp_path / "templates" / str(spec["name"]), **spec))
 
     return make
 

@@ -38,3 +38,8 @@ def logs(run_id: UUID) -> str:
 def task_runs(run_id: UUID) -> list[Any]:
     with get_client(sync_client=True) as client:
         return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+
+
+def artifacts_text(run_id: UUID) -> str:
+    """Every artifact of the run (key, data, description) as one text, for leak checks."""
+    return "\n".join(f"{a.key} {a.data} {a.description}" for a in artifacts(run_id))

@@ -41,6 +41,16 @@ def connection_env(
     return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
 
 
+def migrate_db() -> Path:
+    """``airflow db migrate`` once per AIRFLOW_HOME (SQLite); returns the home."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    if not (home / ".migrated").exists():
+        proc = airflow_cli("db", "migrate", timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (home / ".migrated").touch()
+    return home
+
+
 def register(dag: Any) -> None:
     """Serialize ``dag`` into the metadata DB (what the DAG processor would do)."""
     from airflow.dag_processing.bundles.manager import DagBundlesManager
@@ -89,6 +99,18 @@ def xcom(dr: Any, task_id: str, key: str = "return_value", map_index: int = -1) 
             )
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
+
+
+def xcoms(dr: Any) -> dict[tuple[str, int, str], Any]:
+    """Every XCom of a DagRun: ``{(task_id, map_index, key): value}``."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(XComModel).where(XComModel.dag_id == dr.dag_id, XComModel.run_id == dr.run_id)
+        ).all()
+        return {(r.task_id, r.map_index, r.key): XComModel.deserialize_value(r) for r in rows}
 
 
 def all_xcom_text(dr: Any) -> str:

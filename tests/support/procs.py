@@ -1,0 +1,88 @@
+"""The one ``/proc`` walker of the tests, e2e and benchmarks (Linux only; no psutil in either venv).
+
+The process tree comes from the server's own walker (``pandastack_local.isolation``), which
+kills a sandbox's host processes with it; everything else a test asks of ``/proc`` is here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from pandastack_local.isolation import host_descendants as descendants
+
+__all__ = [
+    "descendants",
+    "listening_ports",
+    "pids",
+    "pids_matching",
+    "read_proc",
+    "rss_and_fds",
+    "rss_kb",
+    "starttime",
+    "tree_rss_kb",
+]
+
+
+def pids() -> Iterator[int]:
+    """Every process on the host but this one (processes may exit while the caller reads them)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            yield int(entry)
+
+
+def read_proc(pid: int, name: str) -> bytes | None:
+    """``/proc/<pid>/<name>`` (``cmdline``, ``environ``, ``stat``...), or None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return None
+
+
+def pids_matching(text: str) -> list[int]:
+    """Host processes (not this one) whose command line contains ``text``."""
+    needle = text.encode()
+    return [pid for pid in pids() if needle in (read_proc(pid, "cmdline") or b"").replace(b"\0", b" ")]
+
+
+def starttime(pid: int) -> str | None:
+    """The process's start time in clock ticks: with the pid, it names one process for good."""
+    data = read_proc(pid, "stat")
+    return None if data is None else data[data.rfind(b")") + 2 :].split()[19].decode()
+
+
+def rss_kb(pid: int | None = None) -> int:
+    """Resident set size of one process (default: this one), in kB."""
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def tree_rss_kb(pid: int) -> int:
+    """RSS of a process and all its descendants (summed; shared pages counted twice)."""
+    total = 0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            total += rss_kb(p)
+    return total
+
+
+def rss_and_fds() -> tuple[int, int]:
+    """(RSS in kB, open fds) of this process: the orchestrator, in the reliability suite."""
+    return rss_kb(), len(os.listdir("/proc/self/fd"))
+
+
+def listening_ports() -> set[int]:
+    """TCP ports in LISTEN state on this machine (from /proc/net/tcp{,6})."""
+    ports: set[int] = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(path) as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                if len(parts) > 3 and parts[3] == "0A":
+                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
