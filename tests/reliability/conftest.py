@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pandastack_local import LocalServer
-from tests.reliability.rel_support import CANARY_NAME, CANARY_VALUE, HostProbe, write_hostile_template
+from tests.reliability.catalogue import CANARY_NAME, CANARY_VALUE, write_hostile_template
+from tests.reliability.probes import HostProbe
 from tests.support.airflow_env import isolate_airflow_home
 
 if "airflow" not in sys.modules:

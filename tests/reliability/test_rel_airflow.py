@@ -17,7 +17,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
-from tests.reliability.rel_support import (
+from tests.reliability.catalogue import (
     CANARY_VALUE,
     FAKE_TOKEN,
     HOSTILE,
@@ -25,10 +25,10 @@ from tests.reliability.rel_support import (
     TEMPLATE,
     TENANTS,
     hostile_files,
-    secret_free,
     sibling_expected,
     sibling_rows,
 )
+from tests.reliability.probes import secret_free
 from tests.support.dagtest import all_xcom_text, connection_env, migrate_db, run_dag, task_instances, xcoms
 from tests.support.procs import rss_and_fds
 

@@ -27,14 +27,8 @@ from pandastack_jobs import (
     sweep_job,
 )
 from tests.reliability import rel_worker
-from tests.reliability.rel_support import (
-    TEMPLATE,
-    HostProbe,
-    Recorder,
-    outcome_text,
-    secret_free,
-    wait_for,
-)
+from tests.reliability.catalogue import TEMPLATE
+from tests.reliability.probes import HostProbe, Recorder, outcome_text, secret_free, wait_for
 
 pytestmark = pytest.mark.reliability
 HERE = Path(__file__).parent

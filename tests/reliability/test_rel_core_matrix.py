@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobOutcome, JobSpec, run_job
-from tests.reliability.rel_support import (
+from tests.reliability.catalogue import (
     CANARY_NAME,
     CANARY_VALUE,
     ESCAPE_PROBE,
@@ -30,18 +30,13 @@ from tests.reliability.rel_support import (
     TEMPLATE,
     TEMPLATE_FILE,
     TEMPLATE_FILE_TEXT,
-    FakeListener,
     Hostile,
-    Recorder,
     counted,
-    host_ip,
     hostile_files,
-    outcome_text,
-    secret_free,
     sibling_expected,
     sibling_rows,
-    wait_for,
 )
+from tests.reliability.probes import FakeListener, Recorder, host_ip, outcome_text, secret_free, wait_for
 from tests.support.procs import pids_matching, rss_and_fds
 
 pytestmark = pytest.mark.reliability

@@ -16,7 +16,7 @@ pytest.importorskip("prefect.testing.utilities")
 from prefect import flow, unmapped
 
 from prefect_blocks import PandaStackCredentials, PandaStackSandbox, SandboxJobFailed, run_in_sandbox
-from tests.reliability.rel_support import (
+from tests.reliability.catalogue import (
     CANARY_VALUE,
     ESCAPE_PROBE,
     FAKE_TOKEN,
@@ -24,10 +24,10 @@ from tests.reliability.rel_support import (
     SIBLING_JOB,
     TEMPLATE,
     hostile_files,
-    secret_free,
     sibling_expected,
     sibling_rows,
 )
+from tests.reliability.probes import secret_free
 from tests.support.prefect_fixtures import fast_redelivery, prefect_api
 from tests.support.prefect_readback import artifacts_text, flow_run_id, logs, task_runs
 from tests.support.procs import rss_and_fds

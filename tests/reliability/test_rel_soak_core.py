@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pandastack_jobs import ConnectionConfig, JobKey, JobSpec, run_job
-from tests.reliability.rel_support import TEMPLATE
+from tests.reliability.catalogue import TEMPLATE
 from tests.support.procs import rss_and_fds
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1200)]

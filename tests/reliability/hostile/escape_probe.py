@@ -1,0 +1,104 @@
+"""Everything a job can try to see or touch outside its sandbox, reported as its result.
+
+Input (JOB_INPUT): markers to look for in any environment, host words for command lines, paths
+to read and write, TCP addresses to connect to, pids to kill, a sibling's secret file token.
+"""
+
+import json
+import os
+import signal
+import socket
+
+with open(os.environ["JOB_INPUT"]) as f:
+    cfg = json.load(f)
+markers = cfg["markers"]
+seen = {}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# Everything this job can see of anyone's environment.
+env_text = "\n".join(f"{k}={v}" for k, v in os.environ.items())
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        env_text += "\n" + read(f"/proc/{pid}/environ").decode(errors="replace")
+    except OSError:
+        pass
+seen["env_text"] = env_text
+seen["env_markers"] = [m for m in markers if m in env_text]
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+seen["pid_count"] = len(pids)
+cmdlines = []
+for pid in pids:
+    try:
+        cmdlines.append(read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode())
+    except OSError:
+        pass
+seen["host_cmdlines"] = [c for c in cmdlines if any(w in c for w in cfg["host_words"])]
+seen["host_env"] = [w for w in cfg["host_words"] + cfg["host_env_words"] if w in env_text]
+readable = []
+for path in cfg["read_paths"]:
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            with open(path, "rb") as f:
+                f.read(1)
+        readable.append(path)
+    except OSError:
+        pass
+seen["readable"] = readable
+found = []
+for top in ("/", "/proc/1/root"):
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if os.path.join(root, d) not in ("/proc", "/sys", "/usr", "/dev")]
+        found += [os.path.join(root, f) for f in files if cfg["sibling_token"] in f]
+for pid in pids:
+    try:
+        found += [f for f in os.listdir(f"/proc/{pid}/root/work") if cfg["sibling_token"] in f]
+    except OSError:
+        pass
+seen["sibling_files"] = found
+connected = []
+for host, port in cfg["tcp"]:
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((host, port))
+        connected.append(f"{host}:{port}")
+    except OSError:
+        pass
+    finally:
+        s.close()
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(1.0)
+    query = bytes.fromhex("1234010000010000000000000000010001")  # a DNS query for "."
+    u.sendto(query, ("8.8.8.8", 53))
+    u.recvfrom(512)
+    connected.append("udp:8.8.8.8:53")
+except OSError:
+    pass
+seen["connected"] = connected
+written = []
+for path in cfg["write_paths"]:
+    try:
+        with open(path, "w") as f:
+            f.write("escaped")
+        written.append(path)
+    except OSError:
+        pass
+seen["written_inside"] = written
+killed = []
+for pid in cfg["kill_pids"]:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+    except OSError:
+        pass
+seen["killed"] = killed
+with open(os.environ["JOB_RESULT"], "w") as f:
+    json.dump(seen, f)

@@ -1,0 +1,4 @@
+"""Spin a CPU hot loop forever."""
+
+while True:
+    pass
