@@ -1,6 +1,7 @@
 # pandastack-workflows: every command creates what it needs from nothing.
 # Airflow 3.3 and Prefect 3.9 cannot share one environment (FastAPI pins), so
 # there are two virtual environments; the core and the local server are tested in both.
+# Both install the local server's extra ([local]): the tests, the demo and e2e run on it.
 
 PYTHON ?= python3
 AF := .venv-airflow
@@ -16,12 +17,12 @@ help:
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
-	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,test]'
+	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,test]'
 	@touch $@
 
 $(PF)/.installed: pyproject.toml
 	@test -x $(PF)/bin/python || $(PYTHON) -m venv $(PF)
-	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,test]'
+	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,test]'
 	@touch $@
 
 venvs: $(AF)/.installed $(PF)/.installed

@@ -22,7 +22,7 @@ fi
 
 if [ ! -f "$AF/.e2e-installed" ] || [ pyproject.toml -nt "$AF/.e2e-installed" ]; then
   echo "e2e: installing the e2e extra into $AF"
-  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,test,e2e]'
+  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,e2e]'
   touch "$AF/.e2e-installed"
 fi
 # Prefect talks to PostgreSQL through asyncpg, which prefect already depends on.

