@@ -18,7 +18,6 @@ difference, under the same drift.
 
 from __future__ import annotations
 
-import argparse
 import json
 import uuid
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from benchmarks.common import (
     summary,
     write_json,
 )
+from benchmarks.options import int_options
 from benchmarks.overhead import TTL, core_job, raw_sdk_job
 
 
@@ -102,10 +102,7 @@ def guest_wrapper_cost(client: pandastack.Client, rounds: int) -> dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    args = parser.parse_args()
+    args = int_options(rounds=5, batch=8)
     from pandastack_local import LocalServer
 
     with LocalServer() as server:

@@ -9,7 +9,6 @@ Both run the same interpreter (``/usr/bin/python3``, which the template binds).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ from benchmarks.common import (
     summary,
     write_json,
 )
+from benchmarks.options import int_options
 from benchmarks.overhead import core_job
 
 PYTHON = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else shutil.which("python3") or "python3"
@@ -58,10 +58,7 @@ def shared_worker_job() -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=10)
-    args = parser.parse_args()
+    args = int_options(rounds=4, batch=10)
     from pandastack_local import LocalServer
 
     with LocalServer() as server:

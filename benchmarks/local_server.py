@@ -10,7 +10,6 @@ bwrap and the agent), then N sandboxes alive at once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -20,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.options import int_options
 from pandastack_local import LocalServer
 
 RESULTS = Path(__file__).parent / "results" / "local_server.json"
@@ -81,11 +81,7 @@ def concurrent(client: Any, n: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--cold-n", type=int, default=50)
-    parser.add_argument("--concurrent", type=int, default=50)
-    args = parser.parse_args()
+    args = int_options(n=200, cold_n=50, concurrent=50)
     results: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),

@@ -10,22 +10,18 @@ Concurrency 4 (threads) keeps the run short on two cores; each job has its own c
 
 from __future__ import annotations
 
-import argparse
 import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, log, machine, write_json
+from benchmarks.options import int_options
 from tests.support.procs import rss_kb
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--every", type=int, default=50)
-    args = parser.parse_args()
+    args = int_options(jobs=1000, concurrency=4, every=50)
     from pandastack_jobs import ConnectionConfig, JobSpec, run_job
     from pandastack_local import LocalServer
 

@@ -10,7 +10,6 @@ The Prefect task (d) lives in :mod:`benchmarks.prefect_overhead` (other venv).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import uuid
@@ -32,6 +31,7 @@ from benchmarks.common import (
     summary,
     write_json,
 )
+from benchmarks.options import int_options
 
 TTL = JOB_TIMEOUT + 60
 
@@ -123,10 +123,7 @@ def report(samples: dict[str, list[float]], base: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=10)
-    args = parser.parse_args()
+    args = int_options(rounds=6, batch=10)
     from pandastack_local import LocalServer
 
     with LocalServer() as server:

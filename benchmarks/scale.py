@@ -11,7 +11,6 @@ Each job builds its own client, as the adapters do (clients are per thread).
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from benchmarks.common import (
     summary,
     write_json,
 )
+from benchmarks.options import int_options
 from tests.support.procs import rss_kb, tree_rss_kb
 
 LEVELS = [1, 2, 4, 8]
@@ -120,10 +120,7 @@ def run_levels(url: str, api_key: str, server_pid: int, jobs: int, rounds: int) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args()
+    args = int_options(jobs=200, rounds=4)
     from pandastack_local import LocalServer
 
     with LocalServer() as server:

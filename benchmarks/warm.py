@@ -11,10 +11,19 @@ warm-up + job in a fresh sandbox each time; the pool pays the warm-up once
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from benchmarks.common import JOB_INPUT, interleaved, log, machine, ratio, summary, timed, write_json
+from benchmarks.common import (
+    JOB_INPUT,
+    interleaved,
+    log,
+    machine,
+    ratio,
+    summary,
+    timed,
+    write_json,
+)
+from benchmarks.options import int_options
 
 WARMUP_SECONDS = 2.0
 WARM_CODE = f"""\
@@ -32,9 +41,7 @@ EXPECTED = {"score": sum(r * r for r in JOB_INPUT["rows"])}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=6)
-    args = parser.parse_args()
+    args = int_options(rounds=6)
     from pandastack_jobs import JobSpec, WarmPool, run_job
     from pandastack_local import LocalServer
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .procs import Proc, ProcessGroup, free_port, run, wait_for
-from .services import REPO, PandaStack, Postgres, Redis
+from .services import REPO, PandaStack, Postgres, Redis, request_json
 
 AF_BIN = REPO / ".venv-airflow" / "bin"
 WORKERS = ("worker-a", "worker-b")
@@ -107,20 +107,8 @@ class AirflowStack:
         return self._token
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(  # noqa: S310 - loopback http only
-            f"{self.api}/api/v2{path}",
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:2000]
-            raise AssertionError(f"{method} {path} -> {exc.code}: {detail}") from None
-        return json.loads(raw) if raw else None
+        auth = {"Authorization": f"Bearer {self.token()}"}
+        return request_json(method, f"{self.api}/api/v2{path}", body, auth, timeout)
 
     def wait_dag(self, dag_id: str, timeout: float = 180) -> dict[str, Any]:
         """Wait until the dag-processor has parsed ``dag_id`` (and report import errors if not)."""

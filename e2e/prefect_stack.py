@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .procs import Proc, ProcessGroup, free_port, run, wait_for
-from .services import REPO, PandaStack, Postgres
+from .services import REPO, PandaStack, Postgres, request_json
 
 PF_BIN = REPO / ".venv-prefect" / "bin"
 POOL = "e2e-process-pool"
@@ -70,17 +68,7 @@ class PrefectStack:
         return f"http://127.0.0.1:{self.port}/api"
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(  # noqa: S310 - loopback http only
-            f"{self.api}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:2000]
-            raise AssertionError(f"{method} {path} -> {exc.code}: {detail}") from None
-        return json.loads(raw) if raw else None
+        return request_json(method, f"{self.api}{path}", body, timeout=timeout)
 
     def python(self, *args: str, timeout: float = 180) -> str:
         return run(

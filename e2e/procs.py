@@ -14,10 +14,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.support.procs import descendants
 
 T = TypeVar("T")
 
@@ -113,6 +115,14 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
+    def kill_tree(self) -> None:
+        """The machine dies: SIGKILL every descendant (those that left the group too), the group."""
+        for pid in descendants(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.kill_group(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
     def stop(self, grace: float = 15.0) -> None:
         """Stop the process and everything in its group: the stop signal, then SIGKILL."""
         if self.alive():
@@ -176,6 +186,15 @@ class ProcessGroup:
 
     def stop(self, name: str) -> None:
         self.get(name).stop()
+
+    @contextlib.contextmanager
+    def stopping(self, prefix: str) -> Iterator[None]:
+        """On leaving the block, stop every process whose name starts with ``prefix``."""
+        try:
+            yield
+        finally:
+            for proc in [p for p in self.procs if p.name.startswith(prefix)]:
+                proc.stop()
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

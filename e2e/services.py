@@ -22,6 +22,30 @@ from .procs import ProcessGroup, free_port, port_open, run, wait_for
 REPO = Path(__file__).resolve().parent.parent
 
 
+class HTTPFailure(AssertionError):
+    """An API answered with an error status; the message has the method, path and the detail."""
+
+    def __init__(self, method: str, url: str, code: int, detail: str) -> None:
+        super().__init__(f"{method} {url} -> {code}: {detail}")
+        self.code = code
+
+
+def request_json(
+    method: str, url: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 30
+) -> Any:
+    """One JSON request to a loopback API (bounded); the decoded answer, None when empty."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(  # noqa: S310 - loopback http only
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raise HTTPFailure(method, url, exc.code, exc.read().decode(errors="replace")[:2000]) from None
+    return json.loads(raw) if raw else None
+
+
 def _pg_bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
@@ -149,16 +173,8 @@ class PandaStack:
     port: int
 
     def _req(self, method: str, path: str, body: Any = None, timeout: float = 15) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(  # noqa: S310 - loopback http only
-            f"{self.url}/v1{path}",
-            data=data,
-            method=method,
-            headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+        auth = {"Authorization": f"Bearer {self.api_key}"}
+        return request_json(method, f"{self.url}/v1{path}", body, auth, timeout)
 
     def sandboxes(self) -> list[dict[str, Any]]:
         items = self._req("GET", "/sandboxes")
@@ -178,7 +194,7 @@ class PandaStack:
     def delete(self, sandbox_id: str) -> None:
         try:
             self._req("DELETE", f"/sandboxes/{sandbox_id}")
-        except urllib.error.HTTPError as exc:
+        except HTTPFailure as exc:
             if exc.code != 404:
                 raise
 

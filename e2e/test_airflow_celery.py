@@ -3,15 +3,11 @@ dag-processor, triggerer and two Celery workers, against the local PandaStack se
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
-
-from tests.support.procs import descendants
 
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .procs import ProcessGroup, wait_for
@@ -24,12 +20,8 @@ pytestmark = pytest.mark.timeout(600)
 def airflow(
     group: ProcessGroup, postgres: Postgres, redis: Redis, pandastack: PandaStack
 ) -> Iterator[AirflowStack]:
-    stack = start_airflow(group, postgres, redis, pandastack)
-    try:
-        yield stack
-    finally:
-        for proc in [p for p in group.procs if p.name.startswith("airflow-")]:
-            proc.stop()
+    with group.stopping("airflow-"):
+        yield start_airflow(group, postgres, redis, pandastack)
 
 
 def airflow_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
@@ -142,14 +134,7 @@ def test_celery_worker_killed_mid_job_retries_on_the_other_worker(
     time.sleep(3)  # the job is now sleeping inside the sandbox
 
     # The machine dies: SIGKILL the worker and every process under it.
-    proc = airflow.workers[victim]
-    for pid in descendants(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.kill_group(signal.SIGKILL)
-    proc.popen.wait(timeout=10)
+    airflow.workers[victim].kill_tree()
     killed_at = time.monotonic()
     assert orphan_id in {sb["id"] for sb in pandastack.sandboxes()}, "the kill alone removed the sandbox"
 

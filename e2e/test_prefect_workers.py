@@ -3,14 +3,12 @@ of the examples and of an e2e-only slow job, against the local PandaStack server
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.support.procs import descendants
+from tests.support.procs import descendants, read_proc
 
 from .prefect_stack import WORKERS, PrefectStack, start_prefect
 from .procs import ProcessGroup, wait_for
@@ -23,12 +21,8 @@ HONEST = ("acme", "globex", "initech", "umbrella")
 
 @pytest.fixture(scope="module")
 def prefect(group: ProcessGroup, postgres: Postgres, pandastack: PandaStack) -> Iterator[PrefectStack]:
-    stack = start_prefect(group, postgres, pandastack)
-    try:
-        yield stack
-    finally:
-        for proc in [p for p in group.procs if p.name.startswith("prefect-")]:
-            proc.stop()
+    with group.stopping("prefect-"):
+        yield start_prefect(group, postgres, pandastack)
 
 
 def prefect_sandboxes(ps: PandaStack, **match: str) -> list[dict]:
@@ -40,13 +34,9 @@ def flow_run_pid_owner(stack: PrefectStack, flow_run_id: str) -> str | None:
     for name, proc in stack.workers.items():
         if not proc.alive():
             continue
-        for pid in descendants(proc.pid):
-            try:
-                env = open(f"/proc/{pid}/environ", "rb").read()
-            except OSError:
-                continue
-            if f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode() in env:
-                return name
+        marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+        if any(marker in (read_proc(pid, "environ") or b"") for pid in descendants(proc.pid)):
+            return name
     return None
 
 
@@ -98,14 +88,7 @@ def test_worker_killed_mid_job_reruns_on_the_other_worker(
     time.sleep(3)  # the job is sleeping inside the sandbox
 
     # The machine dies: SIGKILL the worker and every process under it (the flow-run process too).
-    proc = prefect.workers[victim]
-    for pid in descendants(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.kill_group(signal.SIGKILL)
-    proc.popen.wait(timeout=10)
+    prefect.workers[victim].kill_tree()
     assert prefect.flow_run(fr_id)["state_type"] == "RUNNING"
     assert orphan_id in {sb["id"] for sb in pandastack.sandboxes()}, "the kill alone removed the sandbox"
 

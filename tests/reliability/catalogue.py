@@ -144,27 +144,19 @@ HOSTILE_CASES = [
         "killed at its timeout: timeout, redeliver",
         timeout=3,
     ),
-    Hostile(
-        "fill_tmp",
-        "write a 4 GiB file to /tmp",
-        guest("fill"),
-        FailureKind.EXIT_CODE,
-        "the 128 MB tmpfs cap stops it (ENOSPC): the job fails, redeliver",
-        files={"fill_target": "/tmp/fill.bin"},
-        counter="MiB written:",
-        wall=129,
-        stderr_has="No space left on device",
-    ),
-    Hostile(
-        "fill_work",
-        "write a 4 GiB file to /work",
-        guest("fill"),
-        FailureKind.EXIT_CODE,
-        "the 128 MB tmpfs cap stops it (ENOSPC): the job fails, redeliver",
-        files={"fill_target": "/work/fill.bin"},
-        counter="MiB written:",
-        wall=129,
-        stderr_has="No space left on device",
+    *(
+        Hostile(
+            f"fill_{where}",
+            f"write a 4 GiB file to /{where}",
+            guest("fill"),
+            FailureKind.EXIT_CODE,
+            "the 128 MB tmpfs cap stops it (ENOSPC): the job fails, redeliver",
+            files={"fill_target": f"/{where}/fill.bin"},
+            counter="MiB written:",
+            wall=129,
+            stderr_has="No space left on device",
+        )
+        for where in ("tmp", "work")
     ),
     Hostile(
         "open_files",

@@ -57,16 +57,25 @@ def airflow_env(rel_server: Any) -> Any:
         os.environ.pop(name, None)
 
 
-def sibling(task_id: str, i: int, **kwargs: Any) -> PandaStackSandboxOperator:
+def job(
+    task_id: str, command: str, *, timeout: float, retries: int = 0, **kwargs: Any
+) -> PandaStackSandboxOperator:
+    """A job on the hostile template; a retry (if it has any) comes at once."""
     return PandaStackSandboxOperator(
         task_id=task_id,
-        command="python3 sibling.py",
-        files={"sibling.py": SIBLING_JOB},
-        input={"rows": sibling_rows(i)},
+        command=command,
         template=TEMPLATE,
-        timeout=90,
-        retries=0,
+        timeout=timeout,
+        retries=retries,
+        retry_delay=timedelta(seconds=0),
         **kwargs,
+    )
+
+
+def sibling(task_id: str, i: int, **kwargs: Any) -> PandaStackSandboxOperator:
+    files = {"sibling.py": SIBLING_JOB}
+    return job(
+        task_id, "python3 sibling.py", files=files, input={"rows": sibling_rows(i)}, timeout=90, **kwargs
     )
 
 
@@ -76,17 +85,8 @@ def warm(airflow_env: Any) -> None:
     an all_done sibling): Airflow's DB pool, log handlers and in-process execution API start on
     first use, so later fd/RSS deltas are the jobs', not Airflow's start-up."""
     with DAG("rel_warmup", schedule=None, start_date=START) as dag:
-        failing = PandaStackSandboxOperator(
-            task_id="failing",
-            command="exit 1",
-            template=TEMPLATE,
-            timeout=30,
-            retries=1,
-            retry_delay=timedelta(seconds=0),
-        )
-        dead = PandaStackSandboxOperator(
-            task_id="dead", command="true", template=TEMPLATE, timeout=30, retries=1
-        )  # exits 0 without a result: dead-letter
+        failing = job("failing", "exit 1", timeout=30, retries=1)
+        dead = job("dead", "true", timeout=30, retries=1)  # exits 0 without a result: dead-letter
         sibling("before", 0) >> [failing, dead] >> sibling("after", 1, trigger_rule="all_done")
     dr = run_dag(dag)
     states = {k[0]: ti.state for k, ti in task_instances(dr).items()}
@@ -100,42 +100,19 @@ def test_airflow_hostile_subset_fails_alone(
         before = sibling("sibling_before", 0)
         after = sibling("sibling_after", 1, trigger_rule="all_done")
         hostile = [
-            PandaStackSandboxOperator(
-                task_id=name,
-                command="python3 job.py",
-                files=hostile_files(HOSTILE[name]),
-                template=TEMPLATE,
-                timeout=HOSTILE[name].timeout,
-                retries=0,
-            )
+            job(name, "python3 job.py", files=hostile_files(HOSTILE[name]), timeout=HOSTILE[name].timeout)
             for name in SUBSET
         ]
         # Redelivery and dead-letter as the engine sees them: retried once vs. failed at once.
-        retried = PandaStackSandboxOperator(
-            task_id="hot_loop_retried",
-            command="python3 -c 'while True: pass'",
-            template=TEMPLATE,
-            timeout=2,
-            retries=1,
-            retry_delay=timedelta(seconds=0),
-        )
-        dead = PandaStackSandboxOperator(
-            task_id="result_bomb_not_retried",
-            command="python3 job.py",
-            files=hostile_files(HOSTILE["result_bomb"]),
-            template=TEMPLATE,
-            timeout=30,
-            retries=3,
-            retry_delay=timedelta(seconds=0),
-        )
-        escape = PandaStackSandboxOperator(
-            task_id="evil_escape",
-            command="python3 job.py",
+        retried = job("hot_loop_retried", "python3 -c 'while True: pass'", timeout=2, retries=1)
+        bomb = hostile_files(HOSTILE["result_bomb"])
+        dead = job("result_bomb_not_retried", "python3 job.py", files=bomb, timeout=30, retries=3)
+        escape = job(
+            "evil_escape",
+            "python3 job.py",
             files={"job.py": (TENANTS / "evil_escape.py").read_text()},
-            template=TEMPLATE,
             timeout=60,
             permanent_exit_codes=[3],  # a breach: dead-letter
-            retries=0,
         )
         before >> [*hostile, retried, dead, escape] >> after
     # Measured after a collection: dag.test() leaves event loops and API sockets to the cyclic GC.

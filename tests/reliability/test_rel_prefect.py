@@ -44,6 +44,14 @@ def block(rel_server: Any) -> PandaStackSandbox:
     return PandaStackSandbox(credentials=credentials, template=TEMPLATE, timeout=90)
 
 
+def sibling(i: int, sandbox: PandaStackSandbox) -> Any:
+    """Submit the well-behaved sibling (inside a flow); returns its future."""
+    files = {"sibling.py": SIBLING_JOB}
+    return run_in_sandbox.submit(
+        "python3 sibling.py", files, {"rows": sibling_rows(i)}, sandbox=sandbox, job_name=f"sibling-{i}"
+    )
+
+
 def failure_of(future: Any) -> dict[str, str] | None:
     """The job's failure as the task raised it (None if it succeeded)."""
     try:
@@ -68,12 +76,7 @@ def warm(rel_server: Any) -> None:
 
     @flow
     def warm_flow() -> list[Any]:
-        futures = [
-            run_in_sandbox.submit(
-                "python3 sibling.py", {"sibling.py": SIBLING_JOB}, {"rows": sibling_rows(i)}, sandbox=quiet
-            )
-            for i in range(len(SUBSET) + 2)
-        ]
+        futures = [sibling(i, quiet) for i in range(len(SUBSET) + 2)]
         return [f.result() for f in futures]
 
     assert warm_flow() == [sibling_expected(i) for i in range(len(SUBSET) + 2)]
@@ -84,13 +87,7 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
 
     @flow
     def hostile_flow() -> dict[str, Any]:
-        before = run_in_sandbox.submit(
-            "python3 sibling.py",
-            {"sibling.py": SIBLING_JOB},
-            {"rows": sibling_rows(0)},
-            sandbox=block,
-            job_name="sibling-0",
-        )
+        before = sibling(0, block)
         bad = {
             name: run_in_sandbox.with_options(retries=0).submit(
                 "python3 job.py",
@@ -101,13 +98,7 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
             )
             for name in names
         }
-        after = run_in_sandbox.submit(
-            "python3 sibling.py",
-            {"sibling.py": SIBLING_JOB},
-            {"rows": sibling_rows(1)},
-            sandbox=block,
-            job_name="sibling-1",
-        )
+        after = sibling(1, block)
         out: dict[str, Any] = {"before": before.result(), "after": after.result()}
         for name, future in bad.items():
             out[name] = failure_of(future)

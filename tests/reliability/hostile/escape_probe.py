@@ -15,9 +15,23 @@ markers = cfg["markers"]
 seen = {}
 
 
-def read(path):
+def read(path, size=-1):
     with open(path, "rb") as f:
-        return f.read()
+        return f.read(size)
+
+
+def write(path):
+    with open(path, "w") as f:
+        f.write("escaped")
+
+
+def succeeded(action, *args):
+    """Whether ``action(*args)`` got past the sandbox's walls (no OSError)."""
+    try:
+        action(*args)
+    except OSError:
+        return False
+    return True
 
 
 # Everything this job can see of anyone's environment.
@@ -39,18 +53,11 @@ for pid in pids:
         pass
 seen["host_cmdlines"] = [c for c in cmdlines if any(w in c for w in cfg["host_words"])]
 seen["host_env"] = [w for w in cfg["host_words"] + cfg["host_env_words"] if w in env_text]
-readable = []
-for path in cfg["read_paths"]:
-    try:
-        if os.path.isdir(path):
-            os.listdir(path)
-        else:
-            with open(path, "rb") as f:
-                f.read(1)
-        readable.append(path)
-    except OSError:
-        pass
-seen["readable"] = readable
+seen["readable"] = [
+    path
+    for path in cfg["read_paths"]
+    if (succeeded(os.listdir, path) if os.path.isdir(path) else succeeded(read, path, 1))
+]
 found = []
 for top in ("/", "/proc/1/root"):
     for root, dirs, files in os.walk(top):
@@ -83,22 +90,7 @@ try:
 except OSError:
     pass
 seen["connected"] = connected
-written = []
-for path in cfg["write_paths"]:
-    try:
-        with open(path, "w") as f:
-            f.write("escaped")
-        written.append(path)
-    except OSError:
-        pass
-seen["written_inside"] = written
-killed = []
-for pid in cfg["kill_pids"]:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-    except OSError:
-        pass
-seen["killed"] = killed
+seen["written_inside"] = [path for path in cfg["write_paths"] if succeeded(write, path)]
+seen["killed"] = [pid for pid in cfg["kill_pids"] if succeeded(os.kill, pid, signal.SIGKILL)]
 with open(os.environ["JOB_RESULT"], "w") as f:
     json.dump(seen, f)
