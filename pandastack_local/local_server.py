@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from typing import Any
 from .config import API_KEY_ENV, generate_api_key
 
 START_TIMEOUT_SECONDS = 30.0
+# Modes ``_grant_access`` changed, shared by every LocalServer of this process: {path: [old mode, users]}.
+_GRANTED: dict[Path, list[int]] = {}
 SERVER_USER_ENV = "PANDASTACK_LOCAL_SERVER_USER"
 
 
@@ -62,6 +65,7 @@ class LocalServer:
         self.template_dirs = tuple(str(d) for d in template_dirs)
         self.memory_budget_mb = memory_budget_mb
         self.pool_size = pool_size
+        self._granted: list[Path] = []
         self.user = user or os.environ.get(SERVER_USER_ENV) or None
         self.allow_egress = tuple(allow_egress)
         self._own_state_dir = state_dir is None
@@ -130,7 +134,9 @@ class LocalServer:
     def _grant_access(self) -> None:
         """Let ``self.user`` reach what it needs: own the state dir; traverse (o+x, never list) the
         parents of the state dir, the template dirs, the interpreter (venv and base) and this package;
-        read the template dirs."""
+        read the template dirs. Every mode changed here is put back by ``close()`` (once the last
+        server of this process that needed it is closed), so a test run leaves the host's
+        directories (``/root`` for a pyenv interpreter) as it found them."""
         import pwd
 
         entry = pwd.getpwnam(str(self.user))
@@ -140,15 +146,35 @@ class LocalServer:
         interpreter = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve()]
         for path in [self.state_dir, *map(Path, self.template_dirs), *interpreter, here]:
             for parent in path.resolve().parents:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o001)
+                self._add_mode(parent, 0o001)
         for directory in self.template_dirs:
             for path in [Path(directory), *Path(directory).rglob("*")]:
-                mode = path.stat().st_mode
-                want = 0o005 if path.is_dir() else 0o004
-                if mode & want != want and not path.is_symlink():
-                    path.chmod(mode | want)
+                if not path.is_symlink():
+                    self._add_mode(path, 0o005 if path.is_dir() else 0o004)
+
+    def _add_mode(self, path: Path, bits: int) -> None:
+        """chmod ``path`` to add ``bits``, remembering the old mode for ``_restore_modes``."""
+        if path in _GRANTED:
+            _GRANTED[path][1] += 1
+        else:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if mode & bits == bits:
+                return
+            path.chmod(mode | bits)
+            _GRANTED[path] = [mode, 1]
+        self._granted.append(path)
+
+    def _restore_modes(self) -> None:
+        for path in reversed(self._granted):
+            grant = _GRANTED.get(path)
+            if grant is None:
+                continue
+            grant[1] -= 1
+            if grant[1] == 0:
+                del _GRANTED[path]
+                with contextlib.suppress(OSError):
+                    path.chmod(grant[0])
+        self._granted.clear()
 
     def stop(self, graceful: bool = True) -> None:
         proc, self._proc = self._proc, None
@@ -195,6 +221,7 @@ class LocalServer:
 
     def close(self) -> None:
         self.stop()
+        self._restore_modes()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
