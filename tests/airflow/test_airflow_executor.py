@@ -155,7 +155,7 @@ def test_reserved_env_fails_the_try_with_a_clear_error_and_no_sandbox(
 def test_capacity_refusal_requeues_after_retry_after(
     executor_env: Path, make_local_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dagtest import connection_env
+    from tests.support.dagtest import connection_env
 
     server = make_local_server(max_sandboxes=1, pool_size=0)
     monkeypatch.setenv(*next(iter(connection_env(server, create_budget=0).items())))
@@ -248,9 +248,8 @@ def test_revoke_deletes_the_sandbox(executor_env: Path, local_server: Any) -> No
 
 def test_provider_info_and_multiple_executors_config(airflow_env: dict[str, str]) -> None:
     """Listed in the provider info; beside LocalExecutor, a task's executor="PandaStackExecutor" resolves."""
-    from dagtest import AIRFLOW_BIN
-
     from airflow_provider.get_provider_info import get_provider_info
+    from tests.support.dagtest import AIRFLOW_BIN
 
     assert "airflow_provider.executors.PandaStackExecutor" in get_provider_info()["executors"]
     code = (

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from prefect import flow
-from prefect_readback import artifacts, flow_run_id, task_runs
 
 from prefect_blocks import run_in_sandbox
+from tests.support.prefect_readback import artifacts, flow_run_id, task_runs
 
 # Identical calls: same command, files, input and template (the old key's fingerprint).
 TWIN_JOB = "sleep 4; echo '{\"twin\": true}' > /work/result.json"

@@ -14,9 +14,9 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogWorker
-from prefect_readback import flow_run_id, task_runs
 
 from prefect_blocks import run_in_sandbox
+from tests.support.prefect_readback import flow_run_id, task_runs
 
 BASE = 6.0  # our delay for the first retry is then in [3, 6] s
 FAILS = "echo failing >&2; exit 3"
