@@ -292,6 +292,14 @@ class JobRun:
                 FailureKind.RESULT_MISSING,
                 f"the job exited 0 but wrote no {what} at {path}; write it before exiting",
             ) from None
+        if info.is_dir or (info.mode and not info.mode.startswith("-")):
+            # A device, FIFO or socket (a symlink to /dev/zero stats as its target): reading it
+            # could stream forever or hang; only a regular file is a result.
+            raise StepError(
+                FailureKind.RESULT_INVALID,
+                f"{what} {path} is not a regular file (mode {info.mode or 'directory'}); "
+                "write it as a regular file",
+            )
         if info.size > limit:
             raise StepError(
                 FailureKind.RESULT_TOO_LARGE,

@@ -33,6 +33,13 @@ JSON, STDOUT, STDERR, DATA, END = 0, 1, 2, 3, 4
 _HEADER = struct.Struct("!BI")
 MAX_FRAME = 1 << 20
 CHUNK = 64 * 1024
+# The most a file read sends (the server asks for its own cap; this is the fallback).
+MAX_READ_BYTES = 32 * 1024 * 1024
+# errno names for refusals that are the file's fault, not the agent's (the server maps them to 4xx).
+NOT_REGULAR = "EFTYPE"
+TOO_BIG = "EFBIG"
+# Tar headers and block padding a fork's copy carries on top of its file data.
+TAR_OVERHEAD_BYTES = 1024 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
@@ -153,21 +160,31 @@ def _kill_tree(sid: int) -> None:
         time.sleep(0.01)
 
 
+class ClientGone(Exception):
+    """The server closed the exec's connection: its client went away."""
+
+
 def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
     timeout = float(req.get("timeout_seconds") or 0)
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=req.get("cwd") or "/root",
-        env=GUEST_ENV,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=req.get("cwd") or "/root",
+            env=GUEST_ENV,
+            start_new_session=True,
+        )
+    except (OSError, ValueError) as exc:  # E2BIG, EMFILE, EAGAIN, a missing cwd: say so, at once
+        sock.sendall(pack_json({"error": f"exec could not start: {exc}"}))
+        return
     assert proc.stdout is not None and proc.stderr is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, STDOUT)
     sel.register(proc.stderr, selectors.EVENT_READ, STDERR)
+    # The server sends nothing after the request: the socket turning readable means it hung up.
+    sel.register(sock, selectors.EVENT_READ, None)
     deadline = time.monotonic() + timeout if timeout > 0 else None
     drain_until: float | None = None
     timed_out = False
@@ -186,11 +203,15 @@ def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
             if deadline is not None:
                 wait = min(wait, max(deadline - now, 0.0))
             for key, _ in sel.select(wait):
+                if key.data is None:
+                    raise ClientGone
                 chunk = os.read(key.fd, CHUNK)
                 if chunk:
                     sock.sendall(pack(key.data, chunk))
                 else:
                     sel.unregister(key.fileobj)
+            if len(sel.get_map()) == 1:  # both pipes closed: only the hang-up watch is left
+                break
         if timed_out:
             proc.wait()
             sock.sendall(
@@ -205,8 +226,8 @@ def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
             return
         proc.wait()
         sock.sendall(pack_json({"exit_code": _exit_code(proc.returncode)}))
-    except OSError:
-        # The server went away (client disconnected): the exec dies with its request.
+    except (OSError, ClientGone):
+        # The server went away (its client disconnected): the exec dies with its request.
         _kill_tree(proc.pid)
         proc.wait()
     finally:
@@ -229,21 +250,82 @@ def _entry(name: str, st: os.stat_result) -> dict[str, Any]:
     }
 
 
+_FILE_TYPES = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+class Refused(Exception):
+    """A file operation refused because of what the file is (not an OS error)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _refuse_irregular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _FILE_TYPES.get(stat.S_IFMT(mode), "an unknown file type")
+        raise Refused(f"not a regular file ({kind}): only regular files can be read or written", NOT_REGULAR)
+
+
+def open_regular(path: str, flags: int) -> int:
+    """Open ``path`` only if it is a regular file. O_NONBLOCK keeps a FIFO from hanging the
+    open (the stat before it names the FIFO instead of failing with ENXIO on a write); the
+    fstat after it closes the race. Blocking mode is restored for the regular file."""
+    try:
+        _refuse_irregular(os.stat(path).st_mode)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _refuse_irregular(os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_capped(sock: socket.socket, path: str, cap: int) -> None:
+    """Send at most ``cap`` bytes of a regular file; a larger (sparse, growing) one is refused."""
+    fd = open_regular(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            raise Refused(f"file is {size} bytes, over the {cap}-byte read cap", TOO_BIG)
+        sent = 0
+        while chunk := f.read(min(CHUNK, cap + 1 - sent)):
+            sent += len(chunk)
+            if sent > cap:
+                raise Refused(f"file grew past the {cap}-byte read cap while it was read", TOO_BIG)
+            sock.sendall(pack(DATA, chunk))
+
+
 def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
     op, path = req["op"], req["path"]
     try:
         if op == "read":
-            with open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    sock.sendall(pack(DATA, chunk))
+            read_capped(sock, path, min(int(req.get("max_bytes") or MAX_READ_BYTES), MAX_READ_BYTES))
             sock.sendall(pack_json({"ok": True}))
         elif op == "write":
             reader = FrameReader(sock)
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
+            try:
+                parent = os.path.dirname(path)
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+                fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            except (OSError, Refused):
+                while reader.read(CHUNK):  # take the upload first, so the refusal is what the server reads
+                    pass
+                raise
             written = 0
-            with open(path, "wb") as f:
+            with os.fdopen(fd, "wb") as f:
                 while chunk := reader.read(CHUNK):
                     f.write(chunk)
                     written += len(chunk)
@@ -267,6 +349,8 @@ def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
             sock.sendall(pack_json({"ok": True}))
         else:
             sock.sendall(pack_json({"error": f"unknown fs op {op}"}))
+    except Refused as exc:
+        sock.sendall(pack_json({"error": f"{op} {path}: {exc}", "errno": exc.code}))
     except OSError as exc:
         sock.sendall(pack_json(_fs_error(op, path, exc)))
 
@@ -285,14 +369,65 @@ def _remove_all(path: str) -> None:
         os.unlink(path)
 
 
+def _disk_bytes(cap: int) -> tuple[int, str]:
+    """The bytes a fork's copy would stream (apparent sizes: a sparse file's holes become real
+    bytes in the child) and the largest sparse file, stopping early once past ``cap``."""
+    total, sparse, sparse_size = 0, "", 0
+    for name in sorted(os.listdir("/")):
+        if name in NOT_DISK:
+            continue
+        for root, dirs, files in os.walk("/" + name):
+            dirs[:] = [d for d in dirs if os.path.join(root, d)[1:] not in NOT_DISK_PATHS]
+            for f in files:
+                try:
+                    st = os.lstat(os.path.join(root, f))
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                total += st.st_size
+                if st.st_blocks * 512 < st.st_size and st.st_size > sparse_size:
+                    sparse, sparse_size = os.path.join(root, f), st.st_size
+                if total > cap:
+                    return total, sparse
+    return total, sparse
+
+
+class CappedWriter(FrameWriter):
+    """A FrameWriter that refuses to send more than ``cap`` bytes (a file grew mid-copy)."""
+
+    def __init__(self, sock: socket.socket, cap: int) -> None:
+        super().__init__(sock)
+        self.cap = cap
+        self.sent = 0
+
+    def write(self, data: bytes) -> int:
+        self.sent += len(data)
+        if self.sent > self.cap + TAR_OVERHEAD_BYTES:
+            raise Refused(f"the parent's files grew past the {self.cap}-byte fork copy cap", TOO_BIG)
+        return super().write(data)
+
+
 def op_tar_out(sock: socket.socket, req: dict[str, Any]) -> None:
-    """Stream the sandbox's own disk (not the system view) as a tar."""
+    """Stream the sandbox's own disk (not the system view) as a tar, at most ``max_bytes`` of
+    file data: the sizes are summed first, so a 1 TiB sparse file is refused in a moment
+    instead of streaming a terabyte of zeros."""
     import tarfile
+
+    cap = int(req.get("max_bytes") or 0) or (1 << 62)
+    total, sparse = _disk_bytes(cap)
+    if total > cap:
+        hint = f" (sparse file {sparse} counts at its apparent size)" if sparse else ""
+        raise Refused(
+            f"fork refused: the parent's files hold over {cap} bytes{hint}, more than the "
+            f"{cap}-byte fork copy cap (the sandbox's disk size); delete large files before forking",
+            TOO_BIG,
+        )
 
     def own_disk(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         return None if info.name in NOT_DISK_PATHS else info
 
-    with tarfile.open(fileobj=FrameWriter(sock), mode="w|") as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=CappedWriter(sock, cap), mode="w|") as tar:  # type: ignore[call-overload]
         for name in sorted(os.listdir("/")):
             if name not in NOT_DISK:
                 tar.add("/" + name, arcname=name, filter=own_disk)
@@ -329,6 +464,11 @@ def handle(conn: socket.socket) -> None:
             OPS[req["op"]](conn, req)
         else:
             op_fs(conn, req)
+    except Refused as exc:
+        try:
+            conn.sendall(pack_json({"error": str(exc), "errno": exc.code}))
+        except OSError:
+            pass
     except (EOFError, OSError, ValueError):
         pass
     except Exception as exc:  # noqa: BLE001  one bad request must not take the agent down
@@ -392,8 +532,15 @@ def main() -> None:
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
     while True:
-        conn, _ = server.accept()
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+        try:
+            conn, _ = server.accept()
+        except OSError:  # EMFILE and the like: the agent must outlive a burst of requests
+            time.sleep(0.05)
+            continue
+        try:
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+        except RuntimeError:  # no thread to be had (the sandbox's pids limit): refuse this one
+            conn.close()
 
 
 if __name__ == "__main__":

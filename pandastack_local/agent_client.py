@@ -8,7 +8,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from .agent import _HEADER, CHUNK, DATA, END, JSON, MAX_FRAME, pack, pack_json
+from .agent import (
+    _HEADER,
+    CHUNK,
+    DATA,
+    END,
+    JSON,
+    MAX_FRAME,
+    MAX_READ_BYTES,
+    TAR_OVERHEAD_BYTES,
+    TOO_BIG,
+    pack,
+    pack_json,
+)
 
 
 class AgentUnavailable(Exception):
@@ -93,12 +105,22 @@ async def call(socket_path: Path, request: dict[str, Any]) -> dict[str, Any]:
         conn.close()
 
 
-async def read_file(socket_path: Path, path: str) -> bytes:
-    conn = await Connection.open(socket_path, {"op": "read", "path": path})
+def over_cap(message: str) -> AgentError:
+    return AgentError({"error": message, "errno": TOO_BIG})
+
+
+async def read_file(socket_path: Path, path: str, max_bytes: int = MAX_READ_BYTES) -> bytes:
+    """A whole regular file, at most ``max_bytes``: the agent refuses more, and the count here
+    holds even if what answers on the socket does not."""
+    conn = await Connection.open(socket_path, {"op": "read", "path": path, "max_bytes": max_bytes})
     chunks: list[bytes] = []
+    received = 0
     try:
         async for kind, payload in conn.frames():
             if kind == DATA:
+                received += len(payload)
+                if received > max_bytes:
+                    raise over_cap(f"read {path}: file is over the {max_bytes}-byte read cap")
                 chunks.append(payload)
             elif kind == JSON and "error" in payload:
                 raise AgentError(payload)
@@ -119,13 +141,18 @@ async def write_file(socket_path: Path, path: str, data: bytes) -> dict[str, Any
         conn.close()
 
 
-async def copy_disk(src_socket: Path, dst_socket: Path) -> None:
-    """Fork's disk copy: a tar stream out of the parent's agent, into the child's."""
-    src = await Connection.open(src_socket, {"op": "tar_out"})
+async def copy_disk(src_socket: Path, dst_socket: Path, max_bytes: int) -> None:
+    """Fork's disk copy: a tar stream out of the parent's agent, into the child's, of at most
+    ``max_bytes`` of file data (the parent's agent checks first; the count here holds anyway)."""
+    src = await Connection.open(src_socket, {"op": "tar_out", "max_bytes": max_bytes})
     dst = await Connection.open(dst_socket, {"op": "tar_in"})
+    streamed = 0
     try:
         async for kind, payload in src.frames():
             if kind == DATA:
+                streamed += len(payload)
+                if streamed > max_bytes + TAR_OVERHEAD_BYTES:
+                    raise over_cap(f"fork refused: the copy passed the {max_bytes}-byte fork copy cap")
                 dst.writer.write(pack(DATA, payload))
                 await dst.writer.drain()
             elif kind == END:

@@ -264,12 +264,14 @@ def spawn(
     by that uid: ``sources`` maps host dirs to where the server exposes them (mountns.Exposed).
     """
     directory = sandboxes_dir / name
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, mode=0o700)
+    directory.chmod(0o700)  # mkdir's mode is masked by the umask; the agent's socket is the server's alone
     sock_path = directory / "agent.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     seccomp_fd = seccomp.filter_fd(seccomp_program) if seccomp_program else None
     try:
         listener.bind(str(sock_path))
+        sock_path.chmod(0o600)
         listener.listen(128)
         procs_files = cgroups.create(name, template)
         limits: dict[str, int] = {"nofile": template.nofile}

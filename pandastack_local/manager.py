@@ -27,6 +27,7 @@ from .cgroups import Cgroups
 from .config import ServerConfig
 from .egress import EgressError, EgressRelay, parse_rules
 from .idmap import UidPool
+from .limits import fork_copy_cap
 from .templates import Template, template_registry
 
 log = logging.getLogger("pandastack_local")
@@ -67,6 +68,7 @@ class Sandbox:
     status: str = "running"
     last_active: float = field(default_factory=time.monotonic)
     active_ops: int = 0
+    active_execs: int = 0
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
 
     def to_json(self) -> dict[str, Any]:
@@ -419,13 +421,16 @@ class SandboxManager:
                 )
                 child.boot_mode = "fork"
                 children.append(child)
-                await agent_client.copy_disk(parent.process.socket_path, child.process.socket_path)
+                await agent_client.copy_disk(
+                    parent.process.socket_path, child.process.socket_path, fork_copy_cap(parent.template)
+                )
                 child.log(f"forked from {parent.id} (disk copied)")
         except (agent_client.AgentUnavailable, agent_client.AgentError) as exc:
             for child in children:
                 with contextlib.suppress(ApiError):
                     await self.delete(child.id)
-            raise ApiError(500, f"fork failed: {exc}") from exc
+            too_big = isinstance(exc, agent_client.AgentError) and exc.errno == agent_client.TOO_BIG
+            raise ApiError(409 if too_big else 500, f"fork failed: {exc}") from exc
         except BaseException:
             for child in children:
                 with contextlib.suppress(ApiError):

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from ..limits import MAX_JSON_BODY_BYTES
 from ..manager import ApiError, Sandbox, SandboxManager
 
 
@@ -16,9 +17,27 @@ def error(status: int, message: str, headers: dict[str, str] | None = None, **ex
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
 
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body too large: the limit is {limit} bytes")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to pass ``limit``: from
+    Content-Length before anything is read, else while it streams in."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    return bytes(body)
+
+
 async def json_body(request: Request, *, required: bool = True) -> dict[str, Any]:
     """Parse the body by hand, so malformed JSON is a clear 400 rather than FastAPI's 422."""
-    raw = await request.body()
+    raw = await read_body(request, MAX_JSON_BODY_BYTES)
     if not raw.strip():
         if required:
             raise ApiError(400, "invalid JSON body: empty")
@@ -27,17 +46,23 @@ async def json_body(request: Request, *, required: bool = True) -> dict[str, Any
         data = json.loads(raw)
     except ValueError as exc:
         raise ApiError(400, f"invalid JSON body: {exc}") from exc
+    except RecursionError:
+        raise ApiError(400, "invalid JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid JSON body: expected an object")
     return data
 
 
-def int_field(body: dict[str, Any], key: str, default: int | None = None) -> int | None:
+def int_field(
+    body: dict[str, Any], key: str, default: int | None = None, *, minimum: int | None = None
+) -> int | None:
     value = body.get(key, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, f"{key} must be an integer")
+    if minimum is not None and value < minimum:
+        raise ApiError(400, f"{key} must not be negative" if minimum == 0 else f"{key} must be >= {minimum}")
     return value
 
 
@@ -63,11 +88,11 @@ async def guest_path(request: Request) -> str:
     """Validate ``?path=``: absolute, no '..' component, no NUL. Resolution happens inside the sandbox."""
     path = request.query_params.get("path")
     if not path:
-        raise ApiError(400, "path required")
+        raise ApiError(400, "path required: give ?path=/absolute/path")
     if "\x00" in path:
         raise ApiError(400, "path must not contain NUL bytes")
     if not path.startswith("/"):
-        raise ApiError(500, "path must be absolute")
+        raise ApiError(400, f"path must be absolute (start with /): got {path[:200]!r}")
     if ".." in path.split("/"):
         raise ApiError(400, "path must not contain '..' components")
     return path

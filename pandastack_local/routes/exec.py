@@ -1,25 +1,48 @@
-"""Exec: run a command in a sandbox, answered whole (JSON) or streamed (SSE)."""
+"""Exec: run a command in a sandbox, answered whole (JSON) or streamed (SSE).
+
+Both forms hold one of the sandbox's exec slots (``limits.exec_slots``) and end the
+command when their client goes away, so neither a burst of requests nor an
+abandoned one can exhaust the agent or keep the sandbox busy past its TTL.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from .. import agent_client
 from ..agent import JSON, STDERR, STDOUT
+from ..limits import (
+    EXEC_RETRY_AFTER,
+    LOG_COMMAND_CHARS,
+    LOG_OUTPUT_CHARS,
+    MAX_COMMAND_BYTES,
+    MAX_EXEC_OUTPUT_BYTES,
+    exec_slots,
+)
 from ..manager import ApiError, Sandbox, SandboxManager
 from .deps import Manager, SandboxDep, int_field, json_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")
 
-MAX_EXEC_OUTPUT = 16 * 1024 * 1024
-LOG_OUTPUT_BYTES = 4096
+# A client that closed its connection: nobody reads the answer (nginx's name for it).
+CLIENT_CLOSED = 499
+
+
+def loggable(cmd: str) -> str:
+    """What the sandbox log keeps of a command: its start, and how much was left out."""
+    if len(cmd) <= LOG_COMMAND_CHARS:
+        return cmd
+    return f"{cmd[:LOG_COMMAND_CHARS]}... [{len(cmd) - LOG_COMMAND_CHARS} more characters not logged]"
 
 
 async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -> dict[str, Any]:
@@ -28,37 +51,108 @@ async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -
     cmd = body.get("cmd")
     if not isinstance(cmd, str) or not cmd.strip():
         raise ApiError(400, "cmd required")
-    timeout = int_field(body, "timeout_seconds", 0) or 0
-    if timeout < 0:
-        raise ApiError(400, "timeout_seconds must not be negative")
+    if "\x00" in cmd:
+        raise ApiError(400, "cmd must not contain NUL bytes")
+    size = len(cmd.encode("utf-8", "surrogatepass"))
+    if size >= MAX_COMMAND_BYTES:
+        raise ApiError(
+            400,
+            f"cmd is {size} bytes; it must be under {MAX_COMMAND_BYTES} bytes (the kernel's limit for "
+            "one argument): write long scripts to a file with PUT fs and run that",
+        )
+    timeout = int_field(body, "timeout_seconds", 0, minimum=0) or 0
     manager.running(sb.id)
-    sb.log(f"$ {cmd}")
+    sb.log(f"$ {loggable(cmd)}")
     return {"op": "exec", "cmd": cmd, "timeout_seconds": timeout}
 
 
+@contextlib.contextmanager
+def exec_slot(sb: Sandbox) -> Iterator[None]:
+    """Hold one of the sandbox's exec slots, or refuse with 429 and Retry-After."""
+    limit = exec_slots(sb.template)
+    if sb.active_execs >= limit:
+        raise ApiError(
+            429,
+            f"too many concurrent execs: sandbox {sb.id} already runs {limit}, the most its template "
+            f"(nofile={sb.template.nofile}) allows; retry when one ends",
+            {"Retry-After": EXEC_RETRY_AFTER},
+        )
+    sb.active_execs += 1
+    try:
+        yield
+    finally:
+        sb.active_execs -= 1
+
+
+class CappedOutput:
+    """The first ``MAX_EXEC_OUTPUT_BYTES`` of one stream, and a count of the bytes dropped."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = MAX_EXEC_OUTPUT_BYTES - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        self.dropped += max(len(chunk) - room, 0)
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", "replace")
+        if self.dropped:
+            text += (
+                f"\n[pandastack-local: {self.dropped} more bytes of {self.name} dropped: a non-stream "
+                f"exec keeps the first {MAX_EXEC_OUTPUT_BYTES} bytes of each stream; use exec/stream "
+                "for all of it]\n"
+            )
+        return text
+
+
+async def read_exec(conn: agent_client.Connection, out: dict[int, CappedOutput]) -> dict[str, Any]:
+    """Collect an exec's capped output; return its final frame."""
+    final: dict[str, Any] = {}
+    async for kind, payload in conn.frames():
+        if kind in out:
+            out[kind].add(payload)
+        elif kind == JSON:
+            final = payload
+    return final
+
+
+async def client_gone(request: Request) -> None:
+    """Return when the client disconnects (the body is already read: nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @router.post("/exec")
-async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> JSONResponse:
+async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Response:
     req = await exec_request(request, manager, sb)
-    out: dict[int, bytearray] = {STDOUT: bytearray(), STDERR: bytearray()}
+    out = {STDOUT: CappedOutput("stdout"), STDERR: CappedOutput("stderr")}
     started = time.monotonic()
-    with manager.activity(sb):
+    with exec_slot(sb), manager.activity(sb):
         conn = await agent_client.Connection.open(sb.process.socket_path, req)
+        reading = asyncio.ensure_future(read_exec(conn, out))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
-            final: dict[str, Any] = {}
-            async for kind, payload in conn.frames():
-                if kind in out and len(out[kind]) < MAX_EXEC_OUTPUT:
-                    out[kind] += payload[: MAX_EXEC_OUTPUT - len(out[kind])]
-                elif kind == JSON:
-                    final = payload
+            await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not reading.done():
+                # Closing the connection makes the agent kill the command's process tree.
+                sb.log("client disconnected: exec ended")
+                return Response(status_code=CLIENT_CLOSED)
+            final = reading.result()
         except agent_client.AgentUnavailable:
             await manager.agent_lost(sb)
             raise
         finally:
+            for task in (reading, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             conn.close()
-    stdout = out[STDOUT].decode("utf-8", "replace")
-    stderr = out[STDERR].decode("utf-8", "replace")
+    stdout, stderr = out[STDOUT].text(), out[STDERR].text()
     if stdout or stderr:
-        sb.log((stdout + stderr)[:LOG_OUTPUT_BYTES])
+        sb.log((stdout + stderr)[:LOG_OUTPUT_CHARS])
     if "error" in final:
         sb.log(f"error: {final['error']}")
         raise ApiError(500, str(final["error"]))
@@ -69,6 +163,9 @@ async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> JSONRe
             "stderr": stderr,
             "exit_code": int(final.get("exit_code", -1)),
             "duration_ms": int((time.monotonic() - started) * 1000),
+            "truncated": bool(out[STDOUT].dropped or out[STDERR].dropped),
+            "stdout_dropped_bytes": out[STDOUT].dropped,
+            "stderr_dropped_bytes": out[STDERR].dropped,
         }
     )
 
@@ -77,10 +174,27 @@ def sse(event: str, data: dict[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
+class ExecStream(StreamingResponse):
+    """An SSE response that frees the exec's slot and connection however it ends: finished,
+    client gone (Starlette cancels the body), or never started."""
+
+    def __init__(self, body: AsyncIterator[str], release: contextlib.ExitStack) -> None:
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.release:
+            await super().__call__(scope, receive, send)
+
+
 @router.post("/exec/stream")
 async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> StreamingResponse:
     req = await exec_request(request, manager, sb)
-    conn = await agent_client.Connection.open(sb.process.socket_path, req)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(exec_slot(sb))
+        conn = await agent_client.Connection.open(sb.process.socket_path, req)
+        stack.callback(conn.close)
+        release = stack.pop_all()
 
     async def events() -> AsyncIterator[str]:
         decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in (STDOUT, STDERR)}
@@ -109,4 +223,4 @@ async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> Str
             finally:
                 conn.close()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return ExecStream(events(), release)

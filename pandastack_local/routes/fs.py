@@ -11,12 +11,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from .. import agent_client
+from ..agent import NOT_REGULAR, TOO_BIG
+from ..limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
 from ..manager import ApiError, Sandbox, SandboxManager
-from .deps import GuestPath, Manager, SandboxDep
+from .deps import GuestPath, Manager, SandboxDep, read_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs")
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 def fs_error(exc: agent_client.AgentError, *, missing_status: int = 500) -> ApiError:
@@ -24,6 +24,8 @@ def fs_error(exc: agent_client.AgentError, *, missing_status: int = 500) -> ApiE
         return ApiError(missing_status, "file does not exist" if missing_status == 404 else str(exc))
     if exc.errno == "ENOSPC":
         return ApiError(507, str(exc))
+    if exc.errno in (NOT_REGULAR, TOO_BIG):  # the file's fault (a FIFO, a device, over the cap)
+        return ApiError(400, str(exc))
     return ApiError(500, str(exc))
 
 
@@ -41,21 +43,14 @@ async def agent_fs(
 
 @router.get("")
 async def fs_read(manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
-    data = await agent_fs(manager, sb, lambda sock: agent_client.read_file(sock, path))
+    data = await agent_fs(manager, sb, lambda sock: agent_client.read_file(sock, path, FILE_READ_CAP_BYTES))
     return Response(data, media_type="application/octet-stream")
 
 
 @router.put("")
 async def fs_write(request: Request, manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ApiError(400, f"request body too large: max {MAX_BODY_BYTES} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ApiError(400, f"request body too large: max {MAX_BODY_BYTES} bytes")
-    result = await agent_fs(manager, sb, lambda sock: agent_client.write_file(sock, path, bytes(body)))
+    body = await read_body(request, MAX_FILE_BODY_BYTES)
+    result = await agent_fs(manager, sb, lambda sock: agent_client.write_file(sock, path, body))
     return JSONResponse({"path": path, "bytes": int(result.get("bytes", len(body)))})
 
 
@@ -75,7 +70,7 @@ async def fs_stat(manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResp
 
 @router.delete("")
 async def fs_delete(manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
-    if path.rstrip("/") == "":
-        raise ApiError(400, "refusing to delete /")
+    if all(part in ("", ".") for part in path.split("/")):  # "/", "//", "/.", "/./"
+        raise ApiError(400, f"path {path!r} is the sandbox's root: refusing to delete /")
     await agent_fs(manager, sb, lambda sock: agent_client.call(sock, {"op": "delete", "path": path}))
     return Response(status_code=204)

@@ -23,9 +23,7 @@ async def get_lifecycle(manager: Manager, sb: SandboxDep) -> JSONResponse:
 @router.patch("/lifecycle")
 async def patch_lifecycle(request: Request, manager: Manager, sb: SandboxDep) -> JSONResponse:
     body = await json_body(request)
-    ttl = int_field(body, "ttl_seconds")
-    if ttl is not None and ttl < 0:
-        raise ApiError(400, "ttl_seconds must not be negative")
+    ttl = int_field(body, "ttl_seconds", minimum=0)
     persistent = body.get("persistent")
     if persistent is not None and not isinstance(persistent, bool):
         raise ApiError(400, "persistent must be a boolean")

@@ -21,10 +21,10 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise ApiError(400, "metadata must be a map of string to string")
-    ttl = int_field(body, "ttl_seconds")
-    if ttl is not None and ttl < 0:
-        raise ApiError(500, "ttl_seconds must not be negative")
-    persistent = bool(body.get("persistent", False))
+    ttl = int_field(body, "ttl_seconds", minimum=0)
+    persistent = body.get("persistent") or False
+    if not isinstance(persistent, bool):
+        raise ApiError(400, "persistent must be a boolean")
     template = manager.template(name)
     sb = await manager.create(template, metadata, ttl or DEFAULT_TTL_SECONDS, persistent)
     return JSONResponse(sb.to_json(), status_code=201)

@@ -63,7 +63,7 @@ def test_bad_create_requests_change_nothing(http, ps_client) -> None:
         ps_client.sandboxes.create(template="../etc")
     with pytest.raises(pandastack.ServerError, match=r"available templates: .*base.*code-interpreter"):
         ps_client.sandboxes.create(template="no-such-template")
-    with pytest.raises(pandastack.ServerError, match="negative"):
+    with pytest.raises(pandastack.BadRequestError, match="ttl_seconds must not be negative"):
         ps_client.sandboxes.create(ttl_seconds=-5)
     assert http.get("/v1/sandboxes").json() == before
 
@@ -92,13 +92,15 @@ def test_fs_errors(ps_client, http) -> None:
             sb.filesystem.read("/work/missing.txt")
         with pytest.raises(pandastack.NotFoundError, match="file does not exist"):
             sb.filesystem.stat("/work/missing.txt")
-        with pytest.raises(pandastack.ServerError, match="path must be absolute"):
+        with pytest.raises(pandastack.BadRequestError, match="path must be absolute"):
             sb.filesystem.read("work/relative.txt")
         with pytest.raises(pandastack.BadRequestError, match=r"\.\."):
             sb.filesystem.read("/work/../../etc/passwd")
         with pytest.raises(pandastack.ServerError):
             sb.filesystem.listdir("/work/missing-dir")
         big = b"x" * (32 * 1024 * 1024 + 1)
+        r = http.put(f"/v1/sandboxes/{sb.id}/fs", params={"path": "/work/big.bin"}, content=big)
+        assert r.status_code == 413 and "too large" in r.json()["error"]
         with pytest.raises(pandastack.BadRequestError, match="too large"):
             sb.filesystem.write("/work/big.bin", big)
         assert not sb.filesystem.exists("/work/big.bin")
