@@ -39,8 +39,9 @@ def prefect_env(run_dir: Path, pg: Postgres, ps: PandaStack, port: int) -> dict[
             "PREFECT_SERVER_API_PORT": str(port),
             "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", driver="asyncpg"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_UI_ENABLED": "false",
-            "PREFECT_SERVER_UI_ENABLED": "false",
+            # The UI is served too: e2e/ui_checks.py looks at the block and artifact pages.
+            "PREFECT_UI_ENABLED": "true",
+            "PREFECT_SERVER_UI_ENABLED": "true",
             "PREFECT_LOGGING_LEVEL": "INFO",
             "PREFECT_WORKER_QUERY_SECONDS": "2",
             "PREFECT_WORKER_PREFETCH_SECONDS": "2",
@@ -66,6 +67,10 @@ class PrefectStack:
     @property
     def api(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def ui(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30) -> Any:
         return request_json(method, f"{self.api}{path}", body, timeout=timeout)
@@ -164,7 +169,7 @@ def start_prefect(group: ProcessGroup, pg: Postgres, ps: PandaStack) -> PrefectS
     env = prefect_env(group.run_dir, pg, ps, port)
     group.start(
         "prefect-server",
-        [str(PF_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+        [str(PF_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         cwd=REPO,
         ports=[port],

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test-e2e: the production topology, from nothing, on loopback only.
-# Installs what is missing (Debian postgresql + redis-server, the venvs' e2e extras),
+# Installs what is missing (Debian postgresql, redis-server, chromium + chromium-driver, the
+# venvs' e2e extras),
 # runs the pytest suite (which starts and stops every server), and whatever happened
 # kills every process group the run started and checks nothing is left listening.
 set -euo pipefail
@@ -13,6 +14,10 @@ START=$(date +%s)
 need_apt=()
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_apt+=(postgresql)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# The UI checks drive Debian's headless Chromium (no browser download).
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+[ -d /usr/share/fonts/truetype/liberation ] || need_apt+=(fonts-liberation)  # text in the screenshots
 if ((${#need_apt[@]})); then
   echo "e2e: installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

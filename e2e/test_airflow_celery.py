@@ -10,8 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
+from .browser import chromium
 from .procs import ProcessGroup, wait_for
 from .services import PandaStack, Postgres, Redis
+from .ui_checks import airflow_connection_form
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -38,6 +40,13 @@ def test_topology_is_up(airflow: AirflowStack, group: ProcessGroup) -> None:
 
 HONEST = ("acme", "globex", "initech", "umbrella")
 POOL_SLOTS = 2
+
+
+def test_connection_form_in_the_browser(airflow: AirflowStack) -> None:
+    """The api-server UI's Add Connection form for conn type pandastack (docs/img/airflow-*.png)."""
+    with chromium(airflow.group.run_dir) as driver:
+        shots = airflow_connection_form(driver, airflow.api)
+    assert [p.name for p in shots] == ["airflow-connection-form.png", "airflow-connection-extra-fields.png"]
 
 
 def test_tenant_transforms_dag(airflow: AirflowStack, pandastack: PandaStack) -> None:

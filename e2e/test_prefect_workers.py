@@ -10,9 +10,11 @@ import pytest
 
 from tests.support.procs import descendants, read_proc
 
-from .prefect_stack import WORKERS, PrefectStack, start_prefect
+from .browser import chromium
+from .prefect_stack import BLOCK_NAME, WORKERS, PrefectStack, start_prefect
 from .procs import ProcessGroup, wait_for
 from .services import PandaStack, Postgres
+from .ui_checks import prefect_credentials_block, prefect_report_artifact
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -64,6 +66,22 @@ def test_scheduled_report_flow(prefect: PrefectStack, pandastack: PandaStack) ->
     assert summary, summary
     assert prefect.artifacts(fr_id), "the report published no artifact"
     assert prefect_sandboxes(pandastack, job_run=fr_id) == []
+
+
+def test_block_and_report_artifact_in_the_browser(prefect: PrefectStack, pandastack: PandaStack) -> None:
+    """The Prefect UI's page of the saved credentials block and of the report's markdown artifact
+    (docs/img/prefect-*.png); the report comes from test_scheduled_report_flow's run."""
+    slug = "pandastack-credentials"
+    block = prefect.request("GET", f"/block_types/slug/{slug}/block_documents/name/{BLOCK_NAME}")
+    reports = prefect.request(
+        "POST",
+        "/artifacts/filter",
+        {"artifacts": {"key": {"any_": ["orders-report-report-md"]}}, "sort": "CREATED_DESC", "limit": 1},
+    )
+    assert reports, "no report artifact: did test_scheduled_report_flow run?"
+    with chromium(prefect.group.run_dir) as driver:
+        prefect_credentials_block(driver, prefect.ui, block["id"], pandastack.api_key)
+        prefect_report_artifact(driver, prefect.ui, reports[0]["id"])
 
 
 def test_worker_killed_mid_job_reruns_on_the_other_worker(
