@@ -19,7 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-from bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
 from pandastack_local import LocalServer
 from pandastack_local.limits import (
@@ -30,6 +29,8 @@ from pandastack_local.limits import (
     exec_slots,
 )
 from pandastack_local.templates import Template
+
+from .bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
 
 @pytest.fixture(scope="module")

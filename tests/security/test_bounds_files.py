@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
 from pandastack_jobs import (
     FailureClass,
@@ -30,6 +29,8 @@ from pandastack_jobs import (
     start_detached,
 )
 from pandastack_local import LocalServer
+
+from .bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
 FAST = 5.0  # seconds: the C2 job ends this fast
 

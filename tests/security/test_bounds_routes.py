@@ -19,12 +19,13 @@ from typing import Any
 import httpx
 import pandastack
 import pytest
-from bounds_support import http_fixture, server_fixture  # noqa: F401
 from fastapi.routing import APIRoute
 
 from pandastack_local import LocalServer
 from pandastack_local.limits import MAX_JSON_BODY_BYTES
 from pandastack_local.routes import ROUTERS
+
+from .bounds_support import http_fixture, server_fixture  # noqa: F401
 
 STALL = 2.0  # seconds: every bad request is answered faster than this
 UNKNOWN_ID = "00000000-0000-4000-8000-000000000000"
