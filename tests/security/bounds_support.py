@@ -18,17 +18,15 @@ import pytest
 
 from pandastack_local import LocalServer
 
+from ..support.procs import rss_kb
+
 MiB = 1024 * 1024
 RSS_GROWTH_LIMIT = 64 * MiB  # issue 12: the server's RSS grows by less than this
 WATCHDOG_CEILING = 768 * MiB  # past this the wall has failed: stop the server before the host suffers
 
 
 def rss_bytes(pid: int, field: str = "VmRSS") -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"{field} missing from /proc/{pid}/status")
+    return rss_kb(pid, field) * 1024
 
 
 class RssWatch:
@@ -48,7 +46,7 @@ class RssWatch:
         while not self._stop.wait(0.01):
             try:
                 rss = rss_bytes(self.pid)
-            except (OSError, AssertionError):
+            except OSError:
                 return
             self.peak = max(self.peak, rss)
             if rss - self.baseline > self.ceiling:

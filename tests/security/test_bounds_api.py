@@ -30,6 +30,7 @@ from pandastack_local.limits import (
 )
 from pandastack_local.templates import Template
 
+from ..support.procs import pids_matching
 from .bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
 
@@ -182,19 +183,6 @@ def test_forking_a_parent_with_a_1tib_sparse_file_is_refused_fast(client: Any, h
     assert child.filesystem.read("/work/kept") == b"kept\n"
 
 
-def host_count(marker: str) -> int:
-    """Processes on the host (sandboxes included: their PID namespaces nest in ours) whose
-    command line contains ``marker``."""
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                count += marker.encode() in f.read().replace(b"\0", b" ")
-        except OSError:
-            continue
-    return count
-
-
 def test_excess_concurrent_execs_get_429_and_the_agent_survives(small_server: LocalServer) -> None:
     """60 at once on a 128-file template used to kill its agent (out of descriptors)."""
     c = small_server.client()
@@ -227,7 +215,7 @@ def test_excess_concurrent_execs_get_429_and_the_agent_survives(small_server: Lo
 
     # Every slot busy (seen on the host), then one more: refused at once, with a wait hint.
     held = burst(slots, hold("/tmp/go1"))
-    assert _wait_for(lambda: host_count(hold("/tmp/go1")) == slots, 20)
+    assert _wait_for(lambda: len(pids_matching(hold("/tmp/go1"))) == slots, 20)
     started = time.monotonic()
     r = http.post(url, json={"cmd": "true"})
     assert time.monotonic() - started < 1.0
@@ -242,7 +230,7 @@ def test_excess_concurrent_execs_get_429_and_the_agent_survives(small_server: Lo
     results.clear()
     threads = burst(60, hold("/tmp/go2"))
     assert _wait_for(lambda: len(results) == 60 - slots, 20), sorted(x.status_code for x in results)
-    assert host_count(hold("/tmp/go2")) == slots
+    assert len(pids_matching(hold("/tmp/go2"))) == slots
     release("/tmp/go2")
     for t in threads:
         t.join()

@@ -54,10 +54,10 @@ def starttime(pid: int) -> str | None:
     return None if data is None else data[data.rfind(b")") + 2 :].split()[19].decode()
 
 
-def rss_kb(pid: int | None = None) -> int:
-    """Resident set size of one process (default: this one), in kB."""
+def rss_kb(pid: int | None = None, field: str = "VmRSS") -> int:
+    """Resident set size of one process (default: this one), in kB (``field="VmHWM"``: its peak)."""
     for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
