@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs lint typecheck test test-nonroot test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates lint typecheck test test-nonroot test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -27,6 +27,13 @@ $(PF)/.installed: pyproject.toml
 
 venvs: $(AF)/.installed $(PF)/.installed
 
+# The local server's templates: code-interpreter's data stack is built once into
+# ~/.cache/pandastack-local (pip, the machine's own configuration) and reused by every
+# server and test; base needs node on the host (the sandboxes see the host's /usr).
+templates: $(AF)/.installed
+	@command -v node >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs; }
+	$(AF)/bin/pandastack-local templates build
+
 lint: venvs
 	$(AF)/bin/ruff check .
 	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks
@@ -35,10 +42,10 @@ typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
 
-test-airflow: venvs
+test-airflow: venvs templates
 	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(PYTEST_ARGS)
 
-test-prefect: venvs
+test-prefect: venvs templates
 	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(PYTEST_ARGS)
 
 # The local server's suites once more with the server run as an unprivileged user, created here
@@ -58,7 +65,7 @@ test: lint typecheck test-airflow test-prefect test-nonroot
 # Hostile-job matrix and fault injection (docs/reliability.md): core + Airflow files in the Airflow
 # venv, the Prefect file in the Prefect venv. The soaks are marked slow: make test-soak.
 RELIABILITY_MARK ?= reliability and not slow
-test-reliability: venvs
+test-reliability: venvs templates
 	$(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
 		--ignore=tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
 	$(PF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
@@ -69,13 +76,13 @@ test-soak: venvs
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
 # Installs what is missing; stops everything it started, whatever happens.
-test-e2e: venvs
+test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
 
-demo: venvs
+demo: venvs templates
 	$(AF)/bin/python -m demo
 
-bench: venvs
+bench: venvs templates
 	@$(AF)/bin/python -c 'import matplotlib' 2>/dev/null || $(AF)/bin/pip install -q --disable-pip-version-check -e '.[bench]'
 	$(AF)/bin/python -m benchmarks.run
 

@@ -1,8 +1,11 @@
 """Daily orders report, rendered in a throwaway sandbox.
 
-The CSV and the renderer are shipped into a fresh sandbox; the markdown report
-comes back to object storage (``PANDASTACK_REPORTS_URL``, local ``file://`` by
-default) and the JSON summary to XCom.
+The CSV and the renderer (pandas for the aggregation, matplotlib for the chart) are
+shipped into a fresh ``code-interpreter`` sandbox; the markdown report and its PNG
+chart come back to object storage (``PANDASTACK_REPORTS_URL``, local ``file://`` by
+default), side by side so the report's link to the chart works. XCom carries their
+paths (``files``: ``{"report.md": {"path": ...}, "chart.png": {"path": ...}}``) and
+the JSON summary's path (``return_value``).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ with DAG(
             "orders.csv": JOBS_DIR / "report" / "orders.csv",
         },
         input={"date": "{{ ds }}"},
-        collect=["report.md"],
+        template="code-interpreter",
+        collect=["report.md", "chart.png"],
         object_storage_path=REPORTS_URL + "/{{ dag.dag_id }}/{{ ds }}",
-        xcom_max_bytes=0,  # the report always goes to object storage; XCom holds its path
+        xcom_max_bytes=0,  # report, chart and summary go to object storage; XCom holds paths
         timeout=120,
         retries=2,
         pool=SANDBOX_POOL,

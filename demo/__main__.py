@@ -13,7 +13,7 @@ from pathlib import Path
 from pandastack_local import LocalServer
 
 from .airflow_runner import DAGS, airflow_env, prepare, run_dag
-from .expectations import Row, format_table, surprises
+from .expectations import Row, chart_problem, format_table, surprises
 from .prefect_runner import ROWS_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,9 +89,18 @@ def main() -> int:
     say("")
     say(f"Reports: Airflow (object storage)        -> {reports / 'airflow'}")
     say(f"         Prefect (artifact, read back)   -> {reports / 'prefect' / 'report.md'}")
+    charts = sorted(reports.rglob("chart.png"))  # matplotlib in the sandbox, stored by each engine
+    for i, chart in enumerate(charts):
+        say(f"{'Charts (PNG)' if i == 0 else '':<41}-> {chart}")
     say(f"Logs: {logs}")
     say(f"Sandboxes left on the server: {len(leftovers)}. Total {time.monotonic() - started:.0f} s.")
     problems = surprises(rows)
+    if len(charts) < 2:
+        problems.append(f"expected the report's chart from both engines, found {len(charts)}")
+    for chart in charts:
+        problem = chart_problem(chart.read_bytes())
+        if problem:
+            problems.append(f"{chart}: {problem}")
     if leftovers:
         problems.append(f"{len(leftovers)} sandbox(es) left behind")
     if problems:

@@ -57,6 +57,7 @@ def rows_for(dag_id: str) -> list[dict[str, Any]]:
                     "reason": f"{reason} (tries: {ti.try_number})" if reason else f"tries: {ti.try_number}",
                     "seconds": float(ti.duration or 0.0),
                     "result": xcom(ti, "return_value"),
+                    "files": xcom(ti, "files"),
                 }
             )
         return rows

@@ -14,6 +14,7 @@ class Row(TypedDict, total=False):
     reason: str
     seconds: float | None  # None: overlapping mapped tasks, timed on the flow's own row
     result: Any
+    files: Any  # Airflow: the ``files`` XCom (collected file -> its stored path)
 
 
 # Jobs that must fail (hostile on purpose), by the name that appears in ``Row["job"]``.
@@ -59,3 +60,28 @@ def _seconds(value: float | None) -> str:
 def _clip(text: str, width: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# The report's chart as render_report.py draws it (7 x 4 in at 110 dpi, blue bars on white).
+CHART_SIZE = (770, 440)
+
+
+def chart_problem(png: bytes) -> str | None:
+    """Why ``png`` is not a readable chart (None when it is): a PNG of the expected size whose bars
+    cover a plausible share of the image, so an empty or blank figure is caught."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(png)).convert("RGB")
+    except UnidentifiedImageError:
+        return "not an image"
+    if image.size != CHART_SIZE:
+        return f"size {image.size}, expected {CHART_SIZE}"
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    bars = sum(n for n, (r, _g, b) in colours if b > 180 and r < 100)
+    share = bars / (image.size[0] * image.size[1])
+    if not 0.05 < share < 0.6:
+        return f"bars cover {share:.0%} of the image: no chart drawn"
+    return None

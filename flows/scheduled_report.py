@@ -1,5 +1,10 @@
 """Daily orders report, rendered in a throwaway sandbox, published as Prefect artifacts.
 
+The renderer (pandas + matplotlib on the ``code-interpreter`` template) embeds its chart
+in the markdown report as a data URI, so the ``orders-report`` markdown artifact shows it
+in the Prefect UI; the PNG itself is a link artifact, and the per-region numbers a table
+artifact.
+
 Run once: ``python flows/scheduled_report.py``. Serve on a schedule (a deployment
 with a cron, Europe/Amsterdam): ``python flows/scheduled_report.py --serve``.
 """
@@ -11,6 +16,7 @@ from datetime import date
 
 from _jobs import JOBS_DIR
 from prefect import flow
+from prefect.artifacts import create_table_artifact
 
 from prefect_blocks import run_in_sandbox
 
@@ -25,11 +31,17 @@ def scheduled_report(report_date: str | None = None) -> dict:
             "render_report.py": JOBS_DIR / "report" / "render_report.py",
             "orders.csv": JOBS_DIR / "report" / "orders.csv",
         },
-        input={"date": day},
-        collect=["report.md"],
+        input={"date": day, "embed_chart": True},
+        template="code-interpreter",
+        collect=["report.md", "chart.png"],
         timeout=120,
         job_name="render-report",
         artifact_key="orders-report",
+    )
+    create_table_artifact(
+        summary["regions"],
+        key="orders-report-regions",
+        description=f"Orders and revenue by region for {day} (total {summary['total_revenue']}).",
     )
     print(f"report for {day}: total revenue {summary['total_revenue']} over {summary['orders']} orders")
     return summary

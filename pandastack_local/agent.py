@@ -58,7 +58,7 @@ NOT_DISK = {"proc", "dev", "sys", "usr", ".pandastack", ".pandastack-rootfs", "b
 
 
 # Read-only binds inside the sandbox's own tree (not part of its disk either).
-NOT_DISK_PATHS = {"etc/alternatives"}
+NOT_DISK_PATHS = {"etc/alternatives", "opt/pandastack"}
 
 
 def pack(kind: int, payload: bytes) -> bytes:
@@ -441,7 +441,7 @@ def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
     reader = FrameReader(sock)
     with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
         for member in tar:
-            if member.name.split("/")[0] in NOT_DISK or member.name.startswith("etc/alternatives"):
+            if member.name.split("/")[0] in NOT_DISK or member.name.startswith(tuple(NOT_DISK_PATHS)):
                 continue
             try:
                 tar.extract(member, "/", set_attrs=member.isdir() is False)
@@ -527,6 +527,7 @@ def main() -> None:
     listen_fd = int(sys.argv[1])
     limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     _setup(limits)
+    GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
     server = socket.socket(fileno=listen_fd)
     server.set_inheritable(False)
     devnull = os.open("/dev/null", os.O_RDWR)

@@ -1,4 +1,5 @@
-"""``pandastack-local serve``: run the local PandaStack-compatible server."""
+"""``pandastack-local serve``: run the local PandaStack-compatible server.
+``pandastack-local templates build [NAME]``: build templates' software ahead of time."""
 
 from __future__ import annotations
 
@@ -52,7 +53,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="make this host endpoint reachable from inside every sandbox (repeatable)",
     )
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--cache-dir", type=Path, default=None, help="built templates (default ~/.cache/...)")
+    templates = sub.add_parser("templates", help="manage templates")
+    tsub = templates.add_subparsers(dest="action", required=True)
+    build = tsub.add_parser("build", help="build templates' software now (cached; servers reuse it)")
+    build.add_argument("names", nargs="*", metavar="NAME", help="default: every template")
+    build.add_argument("--template-dir", action="append", default=[], help="add a template (repeatable)")
+    build.add_argument("--cache-dir", type=Path, default=None)
     return parser
+
+
+def build_templates(args: argparse.Namespace) -> int:
+    from .template_build import TemplateBuildError, build, default_cache_dir
+    from .templates import TemplateError, template_registry
+
+    try:
+        registry = template_registry(tuple(args.template_dir))
+    except TemplateError as exc:
+        print(f"pandastack-local: {exc}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.names) - set(registry))
+    if unknown:
+        print(f"pandastack-local: unknown template(s) {unknown}; known: {sorted(registry)}", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in args.names or sorted(registry):
+        t = registry[name]
+        if not t.needs_build:
+            print(f"pandastack-local: template {name}: nothing to build", flush=True)
+            continue
+        try:
+            path = build(
+                name, t.requirements, t.debs, args.cache_dir or default_cache_dir(), _progress, t.verify
+            )
+        except TemplateBuildError as exc:
+            print(f"pandastack-local: {exc}", file=sys.stderr, flush=True)
+            failed += 1
+            continue
+        print(f"pandastack-local: template {name}: ready at {path}", flush=True)
+    return 1 if failed else 0
+
+
+def _progress(line: str) -> None:
+    print(f"pandastack-local: {line}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         protect_device_nodes()
     except OSError as exc:
         logging.getLogger("pandastack_local").warning("isolation: device nodes stay writable: %s", exc)
+    if args.command == "templates":
+        sys.exit(build_templates(args))
     try:
         import uvicorn
 
@@ -93,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         template_dirs=tuple(args.template_dir),
         pool_size=max(args.pool_size, 0),
         allow_egress=tuple(args.allow_egress),
+        cache_dir=args.cache_dir,
     )
     print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(

@@ -47,3 +47,5 @@ class ServerConfig:
     pool_size: int = DEFAULT_POOL_SIZE
     # HOST:PORT endpoints reachable from inside every sandbox (egress.py); nothing else is.
     allow_egress: tuple[str, ...] = ()
+    # Built template environments (None: ~/.cache/pandastack-local), shared across servers.
+    cache_dir: Path | None = None

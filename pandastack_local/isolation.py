@@ -215,6 +215,8 @@ def bwrap_argv(
         "--setenv",
         "LANG",
         "C.UTF-8",
+        # The template's software (read-only, shared) and environment; may override PATH above.
+        *template.guest_args(),
         "--chdir",
         "/root",
         GUEST_PYTHON,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import API_KEY_ENV, generate_api_key
+from .template_build import default_cache_dir
 
 START_TIMEOUT_SECONDS = 30.0
 # Modes ``_grant_access`` changed, shared by every LocalServer of this process: {path: [old mode, users]}.
@@ -56,6 +57,7 @@ class LocalServer:
         pool_size: int | None = None,
         allow_egress: tuple[str, ...] | list[str] = (),
         user: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """``user``: run the server as this unprivileged host user (the caller must be root; the
         test harness's non-root leg). Default: ``$PANDASTACK_LOCAL_SERVER_USER``, else the caller."""
@@ -68,6 +70,8 @@ class LocalServer:
         self._granted: list[Path] = []
         self.user = user or os.environ.get(SERVER_USER_ENV) or None
         self.allow_egress = tuple(allow_egress)
+        # Built templates: the caller's cache, also for a server run as another user (it only reads).
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._own_state_dir = state_dir is None
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="pandastack-local-"))
         self.port = free_port()
@@ -87,6 +91,7 @@ class LocalServer:
             argv += ["--memory-budget-mb", str(self.memory_budget_mb)]
         if self.pool_size is not None:
             argv += ["--pool-size", str(self.pool_size)]
+        argv += ["--cache-dir", str(self.cache_dir)]
         for directory in self.template_dirs:
             argv += ["--template-dir", directory]
         for endpoint in self.allow_egress:
@@ -144,7 +149,7 @@ class LocalServer:
             os.chown(path, entry.pw_uid, entry.pw_gid)
         here = Path(__file__).resolve().parent
         interpreter = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve()]
-        for path in [self.state_dir, *map(Path, self.template_dirs), *interpreter, here]:
+        for path in [self.state_dir, *map(Path, self.template_dirs), *interpreter, here, self.cache_dir]:
             for parent in path.resolve().parents:
                 self._add_mode(parent, 0o001)
         for directory in self.template_dirs:

@@ -28,6 +28,7 @@ from .config import ServerConfig
 from .egress import EgressError, EgressRelay, parse_rules
 from .idmap import UidPool
 from .limits import fork_copy_cap
+from .template_build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
 from .templates import Template, template_registry
 
 log = logging.getLogger("pandastack_local")
@@ -36,6 +37,7 @@ DEFAULT_TTL_SECONDS = 300
 MAX_FORK_COUNT = 16
 CAPACITY_RETRY_AFTER = "1"
 LOG_LINES = 2000
+TEMPLATE_BUILD_WAIT_SECONDS = 20.0  # a create waits this long for a template still being built
 READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take seconds to start python
 AGENT_LOSS_SETTLE_SECONDS = 3.0
 
@@ -99,6 +101,7 @@ class SandboxManager:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.templates = template_registry(config.template_dirs)
+        self.builds = Builds(self.templates, Path(config.cache_dir or default_cache_dir()), log.warning)
         self.state_dir = Path(config.state_dir).resolve()
         pythonenv.check_outside(self.templates.values(), self.state_dir)
         self.sandboxes_dir = self.state_dir / "sandboxes"
@@ -177,6 +180,7 @@ class SandboxManager:
         self.bwrap = str(self.exposed.expose(package, "bwrap") / bwrap.relative_to(package))
 
     async def close(self) -> None:
+        await self.builds.close()
         for task in self._tasks:
             task.cancel()
         victims = [sb.process for sb in self.sandboxes.values()]
@@ -231,7 +235,26 @@ class SandboxManager:
         template = self.templates.get(name)
         if template is None:
             available = ", ".join(sorted(self.templates))
-            raise ApiError(500, f"unknown template {name!r}: available templates: {available}")
+            # The real server's words (it tries to pull a template it does not have), plus the list.
+            raise ApiError(
+                500,
+                f'template "{name}" is not on this host and could not be pulled: '
+                f"available templates: {available}",
+            )
+        return template
+
+    async def built(self, name: str, wait: float | None) -> Template:
+        """The template with its software environment built (see template_build)."""
+        try:
+            template: Template = await self.builds.ready(name, wait)
+        except TemplateNotReady as exc:
+            raise ApiError(503, str(exc), {"Retry-After": "5"}) from None
+        except TemplateBuildError as exc:
+            raise ApiError(500, f"template {name!r} is not available: {exc}") from None
+        built = str(template.built) if template.built is not None else None
+        if built is not None and self.exposed is not None and built not in self.sources:
+            # Built after start-up (_expose): let the sandboxes' uids read it the same way.
+            self.sources[built] = str(self.exposed.expose(Path(built), f"t{len(self.sources)}"))
         return template
 
     def _admit(self, template: Template, count: int = 1) -> None:
@@ -256,6 +279,7 @@ class SandboxManager:
         ttl_seconds: int | None,
         persistent: bool = False,
     ) -> Sandbox:
+        template = await self.built(template.name, TEMPLATE_BUILD_WAIT_SECONDS)
         self._admit(template)
         self.pending += 1
         self.pending_memory_mb += template.memory_mb
@@ -350,8 +374,10 @@ class SandboxManager:
         the agent's interpreter, which overlaps well even on two cores.
         """
         try:
+            with contextlib.suppress(ApiError):  # a failed build is reported by create
+                await self.built(name, None)
             pool = self.pool.setdefault(name, deque())
-            while len(pool) < self.config.pool_size:
+            while len(pool) < self.config.pool_size and name not in self.builds.errors:
                 want = self.config.pool_size - len(pool)
                 results = await asyncio.gather(
                     *(self._spawn_ready(self.templates[name]) for _ in range(want)), return_exceptions=True

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from demo.airflow_runner import airflow_env, prepare, run_dag
-from demo.expectations import surprises
+from demo.expectations import chart_problem, surprises
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,19 @@ def test_scheduled_report_publishes_the_report(example_env: dict[str, str], tmp_
     assert len(reports) == 1, (rows, (tmp_path / "log").read_text()[-3000:])
     text = reports[0].read_text()
     assert text.startswith("# Orders report for ") and "| north |" in text
+    # pandas aggregated, matplotlib drew: the chart sits beside the report, which links it.
+    assert "![Revenue by region](chart.png)" in text
+    chart = reports[0].with_name("chart.png")
+    assert chart_problem(chart.read_bytes()) is None
+    # XCom carries the paths, not the bytes.
+    row = _by_job(rows)["pandastack_scheduled_report.render_report"]
+    files = row["files"]
+    assert set(files) == {"/work/report.md", "/work/chart.png"}, files
+    assert files["/work/chart.png"]["path"] == f"file://{chart}" and "base64" not in files["/work/chart.png"]
+    assert files["/work/report.md"]["path"] == f"file://{reports[0]}"
+    summary = json.loads(Path(row["result"].removeprefix("file://")).read_text())
+    north = next(r for r in summary["regions"] if r["region"] == "north")
+    assert summary["orders"] == 200 and north["orders"] > 0 and north["average"] > 0
 
 
 def test_tenant_transforms_fail_only_the_hostile_tenants(example_env: dict[str, str], tmp_path: Path) -> None:

@@ -6,12 +6,15 @@ else must succeed; the report must come back as an artifact; no sandbox may rema
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
 
-from demo.expectations import surprises
+from demo.expectations import chart_problem, surprises
 from demo.prefect_runner import run_flow
 
 
@@ -41,6 +44,24 @@ def test_scheduled_report_flow_publishes_the_report_artifact(tmp_path: Any) -> N
     reports = [a for a in artifacts if a.type == "markdown" and "# Orders report for " in str(a.data)]
     assert reports, [(a.key, a.type) for a in artifacts]
     assert "| north |" in reports[0].data
+    # The chart (matplotlib in the sandbox) is embedded, so the Prefect UI shows it.
+    embedded = re.search(
+        r"!\[Revenue by region\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", reports[0].data
+    )
+    assert embedded, reports[0].data[:500]
+    assert chart_problem(base64.b64decode(embedded.group(1))) is None
+    # The per-region numbers (pandas) are a table artifact; the PNG is also stored as a link.
+    [table] = [a for a in artifacts if a.key == "orders-report-regions"]
+    rows_table = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert {r["region"] for r in rows_table} >= {"north", "east"}
+    assert sum(r["orders"] for r in rows_table) == 200
+    [link] = [a for a in artifacts if a.type == "link" and str(a.data).endswith("chart.png")]
+    assert chart_problem((tmp_path / "files").joinpath(*_stored_under(link.data)).read_bytes()) is None
+
+
+def _stored_under(uri: str) -> tuple[str, ...]:
+    marker = "/files/"
+    return tuple(uri.split(marker, 1)[1].split("/"))
 
 
 def test_tenant_transforms_flow_fails_only_the_hostile_tenants() -> None:

@@ -1,0 +1,171 @@
+"""Templates with real software: code-interpreter's data stack, base's python3 + node, user templates
+built from a requirements file, and their failures (a bad line, a package that cannot be installed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandastack
+import pytest
+
+from pandastack_local import template_build
+from pandastack_local.template_build import TemplateBuildError, parse_requirements
+
+
+def write_template(directory: Path, **spec: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "template.json").write_text(json.dumps(spec))
+    return directory
+
+
+DATA_STACK = "numpy pandas scipy sklearn matplotlib seaborn pyarrow openpyxl requests sqlalchemy orjson"
+
+
+def test_code_interpreter_has_the_data_stack_and_headless_matplotlib(ps_client) -> None:
+    with ps_client.sandboxes.create(template="code-interpreter") as sb:
+        imports = sb.exec(f"python3 -c 'import {', '.join(DATA_STACK.split())}; print(\"ok\")'")
+        assert (imports.exit_code, imports.stdout) == (0, "ok\n"), imports.stderr[-2000:]
+        chart = sb.exec(
+            "cd /work && python3 -c '"
+            "import matplotlib.pyplot as plt, seaborn as sns, pandas as pd\n"
+            'df = pd.DataFrame({"day": ["mon", "tue"], "n": [3, 5]})\n'
+            'sns.barplot(df, x="day", y="n"); plt.savefig("chart.png"); print(plt.get_backend())\''
+        )
+        # Agg without being told, and the prebuilt font cache: no "building the font cache" warning.
+        assert (chart.exit_code, chart.stdout, chart.stderr) == (0, "Agg\n", ""), chart.stderr[-2000:]
+        png = sb.filesystem.read("/work/chart.png")
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+        # Tracebacks name guest paths, not the host's cache dir.
+        tb = sb.exec("python3 -c 'import pandas; pandas.read_csv(\"/nope.csv\")'")
+        assert tb.exit_code == 1 and "/opt/pandastack/env/lib/" in tb.stderr
+        assert ".cache/pandastack-local" not in tb.stderr
+
+
+def test_template_software_is_read_only_and_shared(ps_client) -> None:
+    with ps_client.sandboxes.create(template="code-interpreter") as a:
+        probe = a.exec(
+            "touch /opt/pandastack/env/x 2>&1; "
+            'python3 -c \'import pandas, os; open(os.path.dirname(pandas.__file__) + "/x", "w")\' '
+            "2>&1 | tail -1"
+        )
+        assert probe.stdout.count("Read-only file system") == 2, probe.stdout
+        same = "stat -c %d:%i /opt/pandastack/env/bin/python3"
+        with ps_client.sandboxes.create(template="code-interpreter") as b:
+            assert a.exec(same).stdout == b.exec(same).stdout
+        # A fork copies the sandbox's own disk, not the shared environment, and still has it.
+        a.exec("mkdir -p /work && echo mine > /work/own.txt")
+        child = a.fork()
+        try:
+            out = child.exec(f"cat /work/own.txt && {same} && python3 -c 'import pandas'")
+            assert (out.exit_code, out.stdout) == (0, "mine\n" + a.exec(same).stdout), out.stderr
+        finally:
+            ps_client.sandboxes.delete(child.id)
+
+
+def test_base_has_python3_and_node(ps_client) -> None:
+    with ps_client.sandboxes.create(template="base") as sb:
+        out = sb.exec("python3 -c 'print(1 + 1)' && node -e 'console.log(6 * 7)'")
+        assert (out.exit_code, out.stdout) == (0, "2\n42\n"), out.stderr
+
+
+def test_requirements_lines_are_validated_with_the_line_in_the_message() -> None:
+    assert parse_requirements(["# comment", "", "six>=1.16  # why", "pandas[excel]==2.2.3"], "r.txt") == (
+        "six>=1.16",
+        "pandas[excel]==2.2.3",
+    )
+    with pytest.raises(TemplateBuildError, match=r"r.txt line 2: 'six=>1\.16'"):
+        parse_requirements(["numpy", "six=>1.16"], "r.txt")
+    with pytest.raises(TemplateBuildError, match=r"line 1: '--index-url http://x/': pip options are not"):
+        parse_requirements(["--index-url http://x/"], "r.txt")
+
+
+def test_templates_build_cli_stops_at_a_bad_line(tmp_path: Path) -> None:
+    bad = write_template(tmp_path / "bad", name="bad", requirements="requirements.txt")
+    (bad / "requirements.txt").write_text("six\nnot a requirement!\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pandastack_local", "templates", "build", "bad", "--template-dir", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "requirements.txt line 2: 'not a requirement!'" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def user_templates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A user template from a requirements file, and one whose package cannot be installed."""
+    base = tmp_path_factory.mktemp("user-templates")
+    good = write_template(base / "withsix", name="withsix", requirements="requirements.txt", memory_mb=512)
+    (good / "requirements.txt").write_text("six==1.16.0\n")
+    broken = write_template(base / "broken", name="broken", requirements=["six==0.0.1"])
+    return good, broken
+
+
+def private_cache(tmp_path: Path) -> dict[str, Path]:
+    """A state dir with its own template cache inside (a server run as another user may write it).
+    With no warm pool, a server builds only what is created: the built-ins are not rebuilt here."""
+    return {"state_dir": tmp_path / "state", "cache_dir": tmp_path / "state" / "cache"}
+
+
+def test_user_template_from_a_requirements_file_is_built_once(
+    user_templates, make_local_server, tmp_path: Path
+) -> None:
+    good, _ = user_templates
+    dirs = private_cache(tmp_path)
+    cache = dirs["cache_dir"]
+    server = make_local_server(template_dirs=[str(good)], pool_size=0, **dirs)
+    client = server.client()
+    with client.sandboxes.create(template="withsix") as sb:
+        out = sb.exec("python3 -c 'import six; print(six.__version__)'")
+        assert (out.exit_code, out.stdout) == (0, "1.16.0\n"), out.stderr
+        assert sb.memory_mb == 512
+    [built] = [p for p in (cache / "templates").glob("withsix-*") if p.is_dir()]
+    marker = json.loads((built / template_build.MARKER).read_text())
+    assert marker["requirements"] == ["six==1.16.0"]
+    stamp = (built / template_build.MARKER).stat().st_mtime_ns
+    assert "pip install" in server.log_tail(400)
+    # A restarted server (and a second server on the same cache) reuses it: no pip at all.
+    server.stop()
+    server.start()
+    with client.sandboxes.create(template="withsix") as sb:
+        assert sb.exec("python3 -c 'import six'").exit_code == 0
+    assert (built / template_build.MARKER).stat().st_mtime_ns == stamp
+    assert server.log_tail(400).count("pip install") == 1
+
+
+def test_failed_build_names_the_package_and_the_server_keeps_serving(
+    user_templates, make_local_server, tmp_path: Path
+) -> None:
+    _, broken = user_templates
+    dirs = private_cache(tmp_path)
+    cache = dirs["cache_dir"]
+    server = make_local_server(template_dirs=[str(broken)], pool_size=0, **dirs)
+    client = server.client()
+    with pytest.raises(pandastack.ServerError) as err:
+        client.sandboxes.create(template="broken")
+    message = str(err.value)
+    assert "template 'broken' is not available" in message and "six==0.0.1" in message, message
+    with client.sandboxes.create(template="base") as sb:
+        assert sb.exec("true").exit_code == 0
+    assert not [p for p in (cache / "templates").glob("broken-*") if p.is_dir()]
+    # Nothing else was built in that cache: builds happen when a template is first needed.
+    assert not [p for p in (cache / "templates").iterdir() if p.is_dir()]
+
+
+def test_unknown_template_is_the_real_servers_500(ps_client, local_server) -> None:
+    import httpx
+
+    resp = httpx.post(
+        f"{local_server.url}/v1/sandboxes",
+        json={"template": "no-such-template"},
+        headers={"Authorization": f"Bearer {local_server.api_key}"},
+    )
+    assert resp.status_code == 500
+    assert resp.json() == {
+        "error": 'template "no-such-template" is not on this host and could not be pulled: '
+        "available templates: base, code-interpreter"
+    }
