@@ -32,6 +32,7 @@ AF = sys.executable
 STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("local_server", AF, "benchmarks.local_server", [], ["--n", "40", "--cold-n", "10"]),
     ("baseline", AF, "benchmarks.baseline", [], ["--rounds", "4", "--batch", "5", "--cold-rounds", "2"]),
+    ("templates", AF, "benchmarks.templates", [], ["--n", "10", "--imports", "5"]),
     ("overhead", AF, "benchmarks.overhead", ["--rounds", "30", "--batch", "2"], ["--rounds", "4"]),
     ("prefect_overhead", PREFECT_PYTHON, "benchmarks.prefect_overhead", ["--rounds", "30", "--batch", "2"],
      ["--rounds", "4", "--batch", "2"]),

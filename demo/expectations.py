@@ -79,7 +79,7 @@ def chart_problem(png: bytes) -> str | None:
         return "not an image"
     if image.size != CHART_SIZE:
         return f"size {image.size}, expected {CHART_SIZE}"
-    colours = image.getcolors(maxcolors=1 << 20) or []
+    colours: list[tuple[int, tuple[int, int, int]]] = image.getcolors(maxcolors=1 << 20) or []  # type: ignore[assignment]
     bars = sum(n for n, (r, _g, b) in colours if b > 180 and r < 100)
     share = bars / (image.size[0] * image.size[1])
     if not 0.05 < share < 0.6:

@@ -37,7 +37,11 @@ def _save_report_artifact() -> tuple[str, str]:
     async def latest() -> Any:
         async with get_client() as client:
             found = await client.read_artifacts()
-        reports = [a for a in found if (a.key or "").startswith("orders-report") and a.type == "markdown"]
+        reports = [
+            a
+            for a in found
+            if (a.key or "").startswith("orders-report") and str(a.data).startswith("# Orders report")
+        ]
         return max(reports, key=lambda a: a.created) if reports else None
 
     artifact = asyncio.run(latest())

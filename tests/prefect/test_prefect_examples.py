@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,13 +56,10 @@ def test_scheduled_report_flow_publishes_the_report_artifact(tmp_path: Any) -> N
     rows_table = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert {r["region"] for r in rows_table} >= {"north", "east"}
     assert sum(r["orders"] for r in rows_table) == 200
-    [link] = [a for a in artifacts if a.type == "link" and str(a.data).endswith("chart.png")]
-    assert chart_problem((tmp_path / "files").joinpath(*_stored_under(link.data)).read_bytes()) is None
-
-
-def _stored_under(uri: str) -> tuple[str, ...]:
-    marker = "/files/"
-    return tuple(uri.split(marker, 1)[1].split("/"))
+    [link] = [a for a in artifacts if a.key == "orders-report-chart-png"]
+    stored = re.fullmatch(r"\[chart\.png\]\(file://(/.+/chart\.png)\)", str(link.data))
+    assert stored and stored.group(1).startswith(str(tmp_path / "files")), link.data
+    assert chart_problem(Path(stored.group(1)).read_bytes()) is None
 
 
 def test_tenant_transforms_flow_fails_only_the_hostile_tenants() -> None:
