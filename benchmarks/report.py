@@ -415,6 +415,9 @@ keyring and /proc walls, bounded reads) and the real templates of issue 13. Comp
 absolute times drift with the load on the two shared cores.
 
 {table(["mode", "op", "before p50 ms", "now p50 ms", "now / before"], rows)}
+"""
+
+
 def templates_section(targets: list[list[Any]]) -> str:
     t = load("templates")
     if not t:
