@@ -101,6 +101,8 @@ def _progress(line: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "templates":
+        sys.exit(build_templates(args))
     try:
         parse_rules(args.allow_egress)
     except EgressError as exc:
@@ -111,8 +113,6 @@ def main(argv: list[str] | None = None) -> None:
         protect_device_nodes()
     except OSError as exc:
         logging.getLogger("pandastack_local").warning("isolation: device nodes stay writable: %s", exc)
-    if args.command == "templates":
-        sys.exit(build_templates(args))
     try:
         import uvicorn
 
