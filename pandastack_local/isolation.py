@@ -216,7 +216,7 @@ def bwrap_argv(
         "LANG",
         "C.UTF-8",
         # The template's software (read-only, shared) and environment; may override PATH above.
-        *template.guest_args(),
+        *exposed_sources(template.guest_args(), sources or {}),
         "--chdir",
         "/root",
         GUEST_PYTHON,

@@ -118,7 +118,7 @@ def test_user_template_from_a_requirements_file_is_built_once(
     dirs = private_cache(tmp_path)
     cache = dirs["cache_dir"]
     server = make_local_server(template_dirs=[str(good)], pool_size=0, **dirs)
-    client = server.client()
+    client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
     with client.sandboxes.create(template="withsix") as sb:
         out = sb.exec("python3 -c 'import six; print(six.__version__)'")
         assert (out.exit_code, out.stdout) == (0, "1.16.0\n"), out.stderr
@@ -144,7 +144,7 @@ def test_failed_build_names_the_package_and_the_server_keeps_serving(
     dirs = private_cache(tmp_path)
     cache = dirs["cache_dir"]
     server = make_local_server(template_dirs=[str(broken)], pool_size=0, **dirs)
-    client = server.client()
+    client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
     with pytest.raises(pandastack.ServerError) as err:
         client.sandboxes.create(template="broken")
     message = str(err.value)
