@@ -4,8 +4,11 @@ built from a requirements file, and their failures (a bad line, a package that c
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandastack
@@ -105,17 +108,21 @@ def user_templates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     return good, broken
 
 
-def private_cache(tmp_path: Path) -> dict[str, Path]:
-    """A state dir with its own template cache inside (a server run as another user may write it).
-    With no warm pool, a server builds only what is created: the built-ins are not rebuilt here."""
-    return {"state_dir": tmp_path / "state", "cache_dir": tmp_path / "state" / "cache"}
+@pytest.fixture
+def private_cache() -> Iterator[dict[str, Path]]:
+    """A state dir with its own template cache inside (a server run as another user may write it),
+    short enough for the agents' socket paths. With no warm pool, a server builds only what is
+    created: the built-ins are not rebuilt here."""
+    state = Path(tempfile.mkdtemp(prefix="ps-tpl-"))
+    yield {"state_dir": state, "cache_dir": state / "cache"}
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def test_user_template_from_a_requirements_file_is_built_once(
-    user_templates, make_local_server, tmp_path: Path
+    user_templates, make_local_server, private_cache
 ) -> None:
     good, _ = user_templates
-    dirs = private_cache(tmp_path)
+    dirs = private_cache
     cache = dirs["cache_dir"]
     server = make_local_server(template_dirs=[str(good)], pool_size=0, **dirs)
     client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
@@ -138,10 +145,10 @@ def test_user_template_from_a_requirements_file_is_built_once(
 
 
 def test_failed_build_names_the_package_and_the_server_keeps_serving(
-    user_templates, make_local_server, tmp_path: Path
+    user_templates, make_local_server, private_cache
 ) -> None:
     _, broken = user_templates
-    dirs = private_cache(tmp_path)
+    dirs = private_cache
     cache = dirs["cache_dir"]
     server = make_local_server(template_dirs=[str(broken)], pool_size=0, **dirs)
     client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
