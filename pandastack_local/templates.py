@@ -12,7 +12,6 @@ files are copied into every sandbox made from it. The software is built once by
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +21,12 @@ from . import pythonenv, template_build
 from .template_build import TemplateBuildError, parse_debs, parse_requirements
 
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-# The platform's 2 vCPU, but never the whole host: one CPU stays for the server and its neighbours.
-DEFAULT_CPU = max(1, min(2, (os.cpu_count() or 2) - 1))
 
 
 @dataclass(frozen=True)
 class Template:
     name: str
-    cpu: int = DEFAULT_CPU
+    cpu: int = 2
     memory_mb: int = 2048
     disk_mb: int = 1024
     pids_max: int = 256

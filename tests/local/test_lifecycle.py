@@ -7,14 +7,12 @@ import re
 import pandastack
 import pytest
 
-from pandastack_local.templates import DEFAULT_CPU
-
 
 def test_create_exec_fs_delete(ps_client) -> None:
     sb = ps_client.sandboxes.create(template="base", metadata={"job": "lifecycle"}, ttl_seconds=120)
     try:
         assert re.fullmatch(r"[0-9a-f-]{36}", sb.id)
-        assert (sb.template, sb.cpu, sb.memory_mb, sb.status) == ("base", DEFAULT_CPU, 2048, "running")
+        assert (sb.template, sb.cpu, sb.memory_mb, sb.status) == ("base", 2, 2048, "running")
         assert sb.metadata == {"job": "lifecycle"}
         assert sb.created_at and sb.created_at.endswith("Z")
 

