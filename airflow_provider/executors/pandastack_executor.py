@@ -66,6 +66,12 @@ GUEST_LOG_FOLDER = "/work/logs"
 MAX_TASK_LOG_BYTES = 8 * 1024 * 1024
 FAILURE_TAIL_LINES = 20
 MAX_POLL_INTERVAL = 30.0
+WORKER_CLIENT_OPTIONS = (
+    "execution_api_timeout",
+    "execution_api_retries",
+    "execution_api_retry_wait_min",
+    "execution_api_retry_wait_max",
+)
 
 
 class _Loop:
@@ -233,6 +239,11 @@ class PandaStackExecutor(BaseExecutor):
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER": GUEST_LOG_FOLDER,
             }
         )
+        # The Task SDK's API client settings, as the workers here have them (no secrets in them).
+        for option in WORKER_CLIENT_OPTIONS:
+            value = self.conf.get("workers", option, fallback=None)
+            if value:
+                env[f"AIRFLOW__WORKERS__{option.upper()}"] = str(value)
         return env
 
     def launch_request(self, workload: ExecuteTask) -> SandboxLaunchRequest:
