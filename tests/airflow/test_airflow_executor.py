@@ -270,3 +270,37 @@ def test_provider_info_and_multiple_executors_config(airflow_env: dict[str, str]
     names, resolved = proc.stdout.strip().splitlines()[-2:]
     assert "LocalExecutor" in names and "airflow_provider.executors.PandaStackExecutor" in names
     assert resolved == "airflow_provider.executors.PandaStackExecutor True"
+
+
+def test_launch_request_carries_only_the_workload_and_runtime_env(
+    executor_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request that leaves the scheduler: the standard command, and no scheduler secret."""
+    from airflow_provider.executors import PandaStackExecutor
+
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "fernet-key-that-must-stay-home")
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ENV", json.dumps({"TZ": "UTC"}))
+    workload = _workload({"pandastack": {"env": {"TENANT": "acme"}, "timeout": 30}})
+    request = PandaStackExecutor(parallelism=1).launch_request(workload)
+    assert request.request_id == workload.ti.external_executor_id
+    assert list(request.command[1:4]) == [
+        "-m",
+        "airflow.sdk.execution_time.execute_workload",
+        "--json-string",
+    ]
+    assert json.loads(request.command[4])["token"] == "task-scoped-token"
+    assert request.env["TZ"] == "UTC" and request.env["TENANT"] == "acme"
+    assert request.config.timeout_seconds == 30
+    runtime = {k for k in request.env if k.startswith("AIRFLOW")}
+    allowed = {
+        "AIRFLOW_HOME",
+        "AIRFLOW_IS_EXECUTOR_CONTAINER",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+        "AIRFLOW__CORE__DAGS_FOLDER",
+        "AIRFLOW__CORE__LOAD_EXAMPLES",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER",
+    }
+    assert runtime - allowed <= {k for k in runtime if k.startswith("AIRFLOW__WORKERS__EXECUTION_API_")}
+    everything = json.dumps([request.command, request.env])
+    for secret in (os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], "fernet-key-that-must-stay-home"):
+        assert secret not in everything
