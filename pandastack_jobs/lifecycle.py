@@ -292,7 +292,7 @@ class JobRun:
                 FailureKind.RESULT_MISSING,
                 f"the job exited 0 but wrote no {what} at {path}; write it before exiting",
             ) from None
-        if info.is_dir or (info.mode and not info.mode.startswith("-")):
+        if info.is_dir or not _is_regular(info.mode):
             # A device, FIFO or socket (a symlink to /dev/zero stats as its target): reading it
             # could stream forever or hang; only a regular file is a result.
             raise StepError(
@@ -403,3 +403,9 @@ def run_job(
         reap_before(client, spec)
     run = JobRun(client, spec, on_created=on_created, on_output=on_output, handle=handle, redactor=redactor)
     return run.run()
+
+
+def _is_regular(mode: str | None) -> bool:
+    """A regular file by ``stat``'s ``mode``: PandaStack reports the type letter (``f``, as
+    ``find -printf %y``); an ``ls``-style ``-rw-r--r--`` is accepted too; no mode says nothing."""
+    return not mode or mode == "f" or mode.startswith("-")

@@ -240,12 +240,28 @@ def _fs_error(op: str, path: str, exc: OSError) -> dict[str, Any]:
     return {"error": f"{op} {path}: {exc.strerror}", "errno": errno.errorcode.get(exc.errno or 0, "")}
 
 
+def _type_letter(mode: int) -> str:
+    """The file's type as the real server reports it (``find -printf %y``): f, d, l, c, b, p, s."""
+    for test, letter in (
+        (stat.S_ISREG, "f"),
+        (stat.S_ISDIR, "d"),
+        (stat.S_ISLNK, "l"),
+        (stat.S_ISCHR, "c"),
+        (stat.S_ISBLK, "b"),
+        (stat.S_ISFIFO, "p"),
+        (stat.S_ISSOCK, "s"),
+    ):
+        if test(mode):
+            return letter
+    return "U"
+
+
 def _entry(name: str, st: os.stat_result) -> dict[str, Any]:
     return {
         "name": name,
         "is_dir": stat.S_ISDIR(st.st_mode),
         "size": st.st_size,
-        "mode": stat.filemode(st.st_mode),
+        "mode": _type_letter(st.st_mode),
         "mtime": int(st.st_mtime),
     }
 
