@@ -353,11 +353,8 @@ def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
         elif op == "list":
             entries = []
             with os.scandir(path) as it:
-                for e in it:
-                    try:
-                        entries.append(_entry(e.name, e.stat()))
-                    except OSError:
-                        entries.append(_entry(e.name, e.stat(follow_symlinks=False)))
+                for e in it:  # not followed, like the real server's find -printf %y: a link is "l"
+                    entries.append(_entry(e.name, e.stat(follow_symlinks=False)))
             entries.sort(key=lambda e: e["name"])
             sock.sendall(pack_json({"ok": True, "entries": entries}))
         elif op == "delete":

@@ -9,6 +9,7 @@ auth guards everything under ``/v1``.
 from __future__ import annotations
 
 import hmac
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +26,19 @@ from .routes import ROUTERS
 from .routes.deps import error
 
 
+def bearer_token(scope: Any) -> bytes:
+    """The token as the real server takes it: ``Authorization: Bearer T`` (scheme in any case),
+    else ``?access_token=T`` (for clients that cannot set headers: EventSource, WebSocket)."""
+    parts = dict(scope["headers"]).get(b"authorization", b"").split()
+    if len(parts) == 2 and parts[0].lower() == b"bearer":
+        return bytes(parts[1])
+    for pair in scope.get("query_string", b"").split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if key == b"access_token" and value.strip():
+            return urllib.parse.unquote_to_bytes(value.strip())
+    return b""
+
+
 class BearerAuth:
     """Pure ASGI auth for /v1 (no BaseHTTPMiddleware: it would buffer SSE streams)."""
 
@@ -34,11 +48,11 @@ class BearerAuth:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            header = dict(scope["headers"]).get(b"authorization", b"")
+            token = bearer_token(scope)
             detail = None
-            if not header.startswith(b"Bearer ") or not header[7:].strip():
+            if not token:
                 detail = "missing bearer token"
-            elif not hmac.compare_digest(header, self.expected):
+            elif not hmac.compare_digest(b"Bearer " + token, self.expected):
                 detail = "invalid api token"
             if detail is not None:
                 await error(401, "unauthorized", detail=detail)(scope, receive, send)

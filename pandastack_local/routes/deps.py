@@ -99,3 +99,13 @@ async def guest_path(request: Request) -> str:
 
 
 GuestPath = Annotated[str, Depends(guest_path)]
+
+
+async def guest_dir_path(request: Request) -> str:
+    """``fs/dir``'s path: none lists ``/``, as on the real server."""
+    if not request.query_params.get("path"):
+        return "/"
+    return await guest_path(request)
+
+
+GuestDirPath = Annotated[str, Depends(guest_dir_path)]

@@ -49,7 +49,7 @@ async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -
     """Validate an exec body and check the sandbox runs; returns the agent request."""
     body = await json_body(request)
     cmd = body.get("cmd")
-    if not isinstance(cmd, str) or not cmd.strip():
+    if not isinstance(cmd, str) or not cmd:  # whitespace runs, as on the real server (exit 0)
         raise ApiError(400, "cmd required")
     if "\x00" in cmd:
         raise ApiError(400, "cmd must not contain NUL bytes")
@@ -171,7 +171,7 @@ async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Respon
 
 
 def sse(event: str, data: dict[str, Any]) -> str:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 class ExecStream(StreamingResponse):

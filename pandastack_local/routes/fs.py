@@ -14,7 +14,7 @@ from .. import agent_client
 from ..agent import NOT_REGULAR, TOO_BIG
 from ..limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
 from ..manager import ApiError, Sandbox, SandboxManager
-from .deps import GuestPath, Manager, SandboxDep, read_body
+from .deps import GuestDirPath, GuestPath, Manager, SandboxDep, read_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs")
 
@@ -55,7 +55,7 @@ async def fs_write(request: Request, manager: Manager, sb: SandboxDep, path: Gue
 
 
 @router.get("/dir")
-async def fs_list(manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
+async def fs_list(manager: Manager, sb: SandboxDep, path: GuestDirPath) -> JSONResponse:
     result = await agent_fs(manager, sb, lambda sock: agent_client.call(sock, {"op": "list", "path": path}))
     return JSONResponse({"path": path, "entries": result["entries"]})
 
