@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates lint typecheck test test-nonroot test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates lint typecheck test test-conformance test-nonroot test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -61,6 +61,11 @@ test-nonroot: venvs
 		--basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
 test: lint typecheck test-airflow test-prefect test-nonroot
+
+# Wire parity with the real PandaStack server (issue 13): our conformance tests through the SDK
+# and raw HTTP against a fresh pandastack-local.
+test-conformance: venvs templates
+	$(AF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
 
 # Hostile-job matrix and fault injection (docs/reliability.md): core + Airflow files in the Airflow
 # venv, the Prefect file in the Prefect venv. The soaks are marked slow: make test-soak.
