@@ -12,6 +12,18 @@ from .detached import DetachedJob, SandboxGone, finish_detached, poll_detached, 
 from .errors import JobArgumentsError, JobSpecError
 from .forkpool import WarmPool, WarmupFailed
 from .lifecycle import JobHandle, JobRun, reap_before, run_job
+from .lines import LineSplitter
+from .options import (
+    JobOption,
+    coerce_options,
+    job_option,
+    job_options,
+    option_names,
+    option_parameters,
+    options_table,
+    validate_options,
+    with_parameters,
+)
 from .outcome import FailureClass, FailureKind, JobOutcome, Timings
 from .pyfunc import function_job
 from .reaper import (
@@ -24,9 +36,10 @@ from .reaper import (
     sweep_run,
 )
 from .redact import Redactor, redact
-from .spec import INPUT_PATH, RESULT_PATH, WORKDIR, JobKey, JobSpec
+from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, JobKey, JobSpec
 
 __all__ = [
+    "DEFAULT_PARENT_TTL",
     "INPUT_PATH",
     "RESULT_PATH",
     "WORKDIR",
@@ -38,18 +51,26 @@ __all__ = [
     "JobArgumentsError",
     "JobHandle",
     "JobKey",
+    "JobOption",
     "JobOutcome",
     "JobRun",
     "JobSpec",
     "JobSpecError",
+    "LineSplitter",
     "Redactor",
     "SandboxGone",
     "Timings",
     "WarmPool",
     "WarmupFailed",
+    "coerce_options",
     "delete_sandbox",
     "finish_detached",
     "function_job",
+    "job_option",
+    "job_options",
+    "option_names",
+    "option_parameters",
+    "options_table",
     "poll_detached",
     "reap_before",
     "reap_earlier_attempts",
@@ -61,4 +82,6 @@ __all__ = [
     "sweep_job",
     "sweep_managed",
     "sweep_run",
+    "validate_options",
+    "with_parameters",
 ]

@@ -18,7 +18,7 @@ from pandastack import Sandbox
 
 from . import guest
 from .failures import StepError
-from .lifecycle import CreatedCallback, JobRun, OutputCallback, reap_before
+from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
 from .outcome import FailureKind, JobOutcome
 from .redact import Redactor
 from .spec import JobSpec
@@ -63,6 +63,7 @@ def start_detached(
     spec: JobSpec,
     *,
     on_created: CreatedCallback | None = None,
+    handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     reap: bool = True,
 ) -> DetachedJob | JobOutcome:
@@ -70,6 +71,7 @@ def start_detached(
 
     Returns a :class:`DetachedJob` to poll, or the failure :class:`JobOutcome` if
     the job could not be started (its sandbox is already deleted then).
+    ``handle.cancel()`` deletes the sandbox, while starting or once started.
     """
     if reap:
         reap_before(client, spec)
@@ -83,7 +85,7 @@ def start_detached(
             return result.exit_code, 0.0
         return 0, 0.0
 
-    run = JobRun(client, spec, on_created=on_created, redactor=redactor, keep_on_success=True)
+    run = JobRun(client, spec, on_created=on_created, handle=handle, redactor=redactor, keep_on_success=True)
     outcome = run.run(execute=launch, collect=False)
     if not outcome.ok:
         return outcome
@@ -93,7 +95,7 @@ def start_detached(
 
 def poll_detached(client: pandastack.Client, sandbox_id: str) -> int | None:
     """The detached job's exit code, or None while it runs. Raises :class:`SandboxGone`."""
-    sb = Sandbox(id=sandbox_id, template="", cpu=0, memory_mb=0, status="running", _client=client)
+    sb = Sandbox.from_dict({"id": sandbox_id}, client=client)  # a handle on its files: no lookup
     try:
         sb.filesystem.stat(guest.DETACHED_EXIT)
     except pandastack.NotFoundError as exc:
@@ -112,6 +114,7 @@ def finish_detached(
     spec: JobSpec,
     job: DetachedJob,
     *,
+    handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     on_output: OutputCallback | None = None,
 ) -> JobOutcome:
@@ -120,6 +123,7 @@ def finish_detached(
     Called when the exit marker appeared, the deadline passed, or the sandbox
     vanished; each of those becomes the matching outcome. The job's output
     (the last 64 KiB of each stream, redacted) goes to ``on_output`` once, here.
+    ``handle.cancel()`` deletes the sandbox and ends the job as cancelled.
     """
 
     def acquire() -> Sandbox:
@@ -133,7 +137,7 @@ def finish_detached(
     def read_end(sb: Sandbox) -> tuple[int, float]:
         for path, stream in ((guest.DETACHED_STDOUT, "stdout"), (guest.DETACHED_STDERR, "stderr")):
             try:
-                run._output(stream, sb.filesystem.read(path).decode(errors="replace")[-65536:])
+                run.output(stream, sb.filesystem.read(path).decode(errors="replace")[-65536:])
             except pandastack.PandastackError:
                 pass
         try:
@@ -146,5 +150,5 @@ def finish_detached(
             return guest.TIMEOUT_EXIT_CODE, max(elapsed, spec.timeout)
         return code, elapsed
 
-    run = JobRun(client, spec, redactor=redactor, on_output=on_output)
+    run = JobRun(client, spec, handle=handle, redactor=redactor, on_output=on_output)
     return run.run(acquire=acquire, deliver=False, execute=read_end)

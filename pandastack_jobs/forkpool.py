@@ -10,6 +10,7 @@ the parent and any child a crashed job left behind.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from types import TracebackType
 
 import pandastack
@@ -19,11 +20,9 @@ from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_
 from .outcome import JobOutcome
 from .reaper import delete_sandbox, sweep_forks
 from .redact import Redactor
-from .spec import JobSpec
+from .spec import DEFAULT_PARENT_TTL, JobSpec
 
 logger = logging.getLogger("pandastack_jobs")
-
-DEFAULT_PARENT_TTL = 3600
 
 
 class WarmupFailed(RuntimeError):
@@ -81,19 +80,10 @@ class WarmPool:
         if self.warmup is None:
             raise ValueError("warmup: a WarmPool needs a warm-up JobSpec to start a parent")
         spec = self.warmup
-        parent_spec = JobSpec(
-            command=spec.command,
-            files=spec.files,
-            input=spec.input,
-            result_path=spec.result_path,
-            collect=spec.collect,
-            template=spec.template,
-            timeout=spec.timeout,
+        parent_spec = replace(
+            spec,
             ttl=max(self.parent_ttl, spec.ttl_seconds),
             metadata={**spec.metadata, "role": "warm-parent"},
-            env=spec.env,
-            key=spec.key,
-            classifier=spec.classifier,
         )
         reap_before(self.client, parent_spec)  # a parent a killed earlier attempt left
         # On failure the runner deletes the parent; on success it is kept for forking.

@@ -149,8 +149,8 @@ class JobRun:
         started = time.monotonic()
         exit_code = sb.exec_stream(
             command,
-            on_stdout=lambda chunk: self._output("stdout", chunk),
-            on_stderr=lambda chunk: self._output("stderr", chunk),
+            on_stdout=lambda chunk: self.output("stdout", chunk),
+            on_stderr=lambda chunk: self.output("stderr", chunk),
             timeout_seconds=guest.server_timeout(self.spec.timeout),
         )
         return exit_code, time.monotonic() - started
@@ -277,7 +277,12 @@ class JobRun:
         self.times["delete"] = time.monotonic() - started
         return error
 
-    def _output(self, stream: str, chunk: str) -> None:
+    def output(self, stream: str, chunk: str) -> None:
+        """Record a chunk of the job's output: kept in the outcome's tail, passed on redacted.
+
+        The exec step calls it as output streams in; a replaced exec step (a detached
+        job's end) calls it with what it read back.
+        """
         (self.stdout if stream == "stdout" else self.stderr).add(chunk)
         if self.on_output is not None:
             self.on_output(stream, self.redact(chunk))
@@ -317,7 +322,7 @@ class JobRun:
                 FailureKind.TIMEOUT,
                 f"job exceeded its {self.spec.timeout:g}s timeout and was killed",
             )
-        kind = self.spec.classifier.kind_for_exit(exit_code)
+        kind = self.spec.rules.kind_for_exit(exit_code)
         cause = last_line(self.redact(self.stderr.text()))
         label = "permanent " if kind is FailureKind.PERMANENT_EXIT_CODE else ""
         return StepError(
@@ -339,7 +344,7 @@ class JobRun:
         return {
             "ok": False,
             "kind": kind,
-            "failure_class": self.spec.classifier.classify(kind, exit_code),
+            "failure_class": self.spec.rules.classify(kind, exit_code),
             "reason": self.redact(reason),
             "retry_after": retry_after,
         }

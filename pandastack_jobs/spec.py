@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -29,6 +29,7 @@ DEFAULT_TIMEOUT = 300.0
 TTL_MARGIN_SECONDS = 60
 MAX_RESULT_BYTES = 16 * 1024 * 1024
 MAX_FILE_BYTES = 32 * 1024 * 1024  # the server's upload limit, mirrored for downloads
+DEFAULT_PARENT_TTL = 3600  # a warm pool's parent: it must outlive the jobs forked from it
 TAIL_BYTES = 8 * 1024
 TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 METADATA_VALUE_MAX = 256
@@ -148,6 +149,18 @@ def _freeze_str_map(value: Mapping[str, str] | None, field_name: str) -> Mapping
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def option(default: Any = None, *, doc: str, factory: Callable[[], Any] | None = None) -> Any:
+    """A :class:`JobSpec` field users set per job: its default and its docs line live here, once.
+
+    Every adapter (Airflow operators, Prefect block and tasks, fork pools) derives
+    its parameters from these fields (:func:`pandastack_jobs.job_options`).
+    """
+    meta = {"doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One job: run ``command`` in a fresh sandbox and bring back its result.
@@ -156,22 +169,46 @@ class JobSpec:
     ``/work``); ``input`` is written as JSON to ``/work/input.json``; the job
     writes JSON to ``result_path`` and any extra ``collect`` paths are read back
     as bytes. ``timeout`` is the job's hard clock, enforced inside the guest.
+    The fields made with :func:`option` are the job's options.
     """
 
     command: str
     files: Mapping[str, FileContent] = field(default_factory=dict)
     input: Any = None
-    result_path: str | None = RESULT_PATH
-    collect: Sequence[str] = ()
-    template: str = DEFAULT_TEMPLATE
-    timeout: float = DEFAULT_TIMEOUT
-    ttl: int | None = None
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
+    result_path: str | None = option(
+        RESULT_PATH, doc="Where the job writes its JSON result (`$JOB_RESULT`); None: the job has no result."
+    )
+    collect: Sequence[str] = option((), doc="More sandbox paths read back as files when the job succeeds.")
+    template: str = option(
+        DEFAULT_TEMPLATE, doc="Sandbox template (image and size) the sandbox is made from."
+    )
+    timeout: float = option(
+        DEFAULT_TIMEOUT, doc="The job's hard clock in seconds, enforced inside the sandbox (killed after it)."
+    )
+    ttl: int | None = option(
+        None, doc="The sandbox's idle backstop in seconds; None: the timeout plus 60 seconds."
+    )
+    metadata: Mapping[str, str] = option(
+        factory=dict, doc="Extra sandbox metadata, `{str: str}` (the attempt's own keys always win)."
+    )
+    env: Mapping[str, str] = option(
+        factory=dict, doc="Environment variables of the job (never the orchestrator's own, never the key)."
+    )
     key: JobKey | None = None
-    classifier: Classifier = field(default_factory=Classifier)
-    max_result_bytes: int = MAX_RESULT_BYTES
-    max_file_bytes: int = MAX_FILE_BYTES
+    permanent_exit_codes: Collection[int] = option(
+        (), doc="Exit codes that mean the input can never succeed: dead-lettered, never retried."
+    )
+    retry_on_timeout: bool = option(
+        True, doc="Whether a job that ran out of time is redelivered (False: dead-lettered)."
+    )
+    max_result_bytes: int = option(
+        MAX_RESULT_BYTES, doc="The largest JSON result read back, in bytes (larger: dead-lettered)."
+    )
+    max_file_bytes: int = option(
+        MAX_FILE_BYTES, doc="The largest file delivered or collected, in bytes (larger: dead-lettered)."
+    )
+    classifier: Classifier | None = field(default=None, compare=False)
+    """Advanced: a custom :class:`Classifier` (then leave the two classifier options unset)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command.strip():
@@ -226,8 +263,43 @@ class JobSpec:
         object.__setattr__(
             self, "collect", tuple(guest_path(p, f"collect[{i}]") for i, p in enumerate(self.collect))
         )
-        if not isinstance(self.classifier, Classifier):
+        object.__setattr__(self, "classifier", self._classifier())
+
+    def _classifier(self) -> Classifier:
+        if self.classifier is None:
+            if isinstance(self.permanent_exit_codes, (str, bytes)) or not isinstance(
+                self.permanent_exit_codes, Collection
+            ):
+                raise JobSpecError(
+                    "permanent_exit_codes", f"{self.permanent_exit_codes!r} is not a list", "pass e.g. [3, 4]"
+                )
+            if not isinstance(self.retry_on_timeout, bool):
+                raise JobSpecError(
+                    "retry_on_timeout", f"{self.retry_on_timeout!r} is not a bool", "True/False"
+                )
+            classifier = Classifier(frozenset(self.permanent_exit_codes), self.retry_on_timeout)
+        elif not isinstance(self.classifier, Classifier):
             raise JobSpecError("classifier", "is not a Classifier", "use pandastack_jobs.Classifier(...)")
+        elif (
+            self.permanent_exit_codes
+            and frozenset(self.permanent_exit_codes) != self.classifier.permanent_exit_codes
+        ) or (not self.retry_on_timeout and self.classifier.retry_on_timeout):
+            raise JobSpecError(
+                "classifier",
+                "is given together with permanent_exit_codes/retry_on_timeout",
+                "put those into the Classifier, or drop the classifier",
+            )
+        else:
+            classifier = self.classifier
+        object.__setattr__(self, "permanent_exit_codes", classifier.permanent_exit_codes)
+        object.__setattr__(self, "retry_on_timeout", classifier.retry_on_timeout)
+        return classifier
+
+    @property
+    def rules(self) -> Classifier:
+        """The classifier of this job's failures (built from the options unless one was given)."""
+        assert self.classifier is not None  # set in __post_init__
+        return self.classifier
 
     @property
     def ttl_seconds(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -20,7 +20,16 @@ from prefect.context import TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_logger, get_run_logger
 
-from pandastack_jobs import Classifier, JobHandle, JobOutcome, JobSpec, Redactor, run_job
+from pandastack_jobs import (
+    JobHandle,
+    JobOutcome,
+    JobSpec,
+    LineSplitter,
+    Redactor,
+    coerce_options,
+    job_option,
+    run_job,
+)
 from pandastack_jobs.lifecycle import OutputCallback
 
 from .artifacts import publish_dead_letter, publish_outcome
@@ -30,7 +39,6 @@ from .keys import artifact_key, current_job_key, fingerprint, reap_dead_flow_att
 from .retries import wait_for_redelivery
 
 MAX_LOGGED_LINES = 2000
-LINE_MAX_CHARS = 2000
 
 Runner = Callable[..., JobOutcome]
 """``runner(client, spec, *, on_created, on_output, handle, redactor) -> JobOutcome``."""
@@ -43,55 +51,28 @@ def run_logger() -> Any:
         return get_logger("prefect_blocks")
 
 
-class LineLogger:
-    """Feeds a job's streamed output to a logger line by line, up to a cap per stream."""
+def line_logger(log: Any) -> LineSplitter:
+    """The core's line splitter feeding ``log`` (stderr as warnings), capped per stream."""
 
-    def __init__(self, log: Any, max_lines: int = MAX_LOGGED_LINES) -> None:
-        self.log = log
-        self.max_lines = max_lines
-        self.partial: dict[str, str] = {"stdout": "", "stderr": ""}
-        self.count: dict[str, int] = {"stdout": 0, "stderr": 0}
+    def emit(stream: str, line: str) -> None:
+        log.log(logging.WARNING if stream == "stderr" else logging.INFO, "[%s] %s", stream, line)
 
-    def __call__(self, stream: str, chunk: str) -> None:
-        text = self.partial.get(stream, "") + chunk
-        *lines, rest = text.split("\n")
-        self.partial[stream] = rest[-LINE_MAX_CHARS:]
-        for line in lines:
-            self._emit(stream, line)
-
-    def _emit(self, stream: str, line: str) -> None:
-        n = self.count.get(stream, 0) + 1
-        self.count[stream] = n
-        if n <= self.max_lines:
-            level = logging.WARNING if stream == "stderr" else logging.INFO
-            self.log.log(level, "[%s] %s", stream, line[:LINE_MAX_CHARS])
-        elif n == self.max_lines + 1:
-            self.log.info("[%s] ... more output not logged (the tail is kept in the outcome)", stream)
-
-    def flush(self) -> None:
-        for stream, rest in self.partial.items():
-            if rest:
-                self._emit(stream, rest)
-        self.partial = {"stdout": "", "stderr": ""}
+    return LineSplitter(emit, max_lines=MAX_LOGGED_LINES)
 
 
 @dataclass
 class JobRequest:
-    """Everything one job needs, gathered from a block, a task's arguments and the run context."""
+    """Everything one job needs, gathered from a block, a task's arguments and the run context.
+
+    ``options`` are the job's options (:func:`pandastack_jobs.job_options`); those
+    not given take the core's defaults. The other fields are Prefect's own.
+    """
 
     command: str
     files: Mapping[str, Any] = field(default_factory=dict)
     input: Any = None
+    options: Mapping[str, Any] = field(default_factory=dict)
     credentials: Optional[PandaStackCredentials] = None
-    template: str = "code-interpreter"
-    timeout: float = 300.0
-    ttl: Optional[int] = None
-    result_path: Optional[str] = "/work/result.json"
-    collect: Sequence[str] = ()
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    permanent_exit_codes: Sequence[int] = ()
-    retry_on_timeout: bool = True
     concurrency_limit: Optional[str] = None
     publish_artifacts: bool = True
     job_name: Optional[str] = None
@@ -108,23 +89,15 @@ class JobRequest:
 
     def spec(self) -> JobSpec:
         """The core's job spec, keyed to the current attempt."""
-        fp = fingerprint(self.command, self.files, self.input, self.template)
+        options = coerce_options(self.options)
+        template = options.get("template") or job_option("template").default
+        fp = fingerprint(self.command, self.files, self.input, template)
         return JobSpec(
             command=self.command,
             files=dict(self.files),
             input=self.input,
-            result_path=self.result_path,
-            collect=tuple(self.collect),
-            template=self.template,
-            timeout=self.timeout,
-            ttl=self.ttl,
-            metadata=dict(self.metadata),
-            env=dict(self.env),
             key=current_job_key(self.name(), fp),
-            classifier=Classifier(
-                permanent_exit_codes=frozenset(self.permanent_exit_codes),
-                retry_on_timeout=self.retry_on_timeout,
-            ),
+            **options,
         )
 
 
@@ -161,7 +134,7 @@ def execute(
     if reaped := reap_dead_flow_attempts(client, spec.key):
         log.info("pandastack: deleted %d sandbox(es) earlier flow run attempts left: %s", len(reaped), reaped)
     handle = handle or JobHandle()
-    lines = LineLogger(log)
+    lines = line_logger(log)
     on_output: OutputCallback = lines
 
     def on_created(sandbox_id: str) -> None:
@@ -214,7 +187,7 @@ def finish(
     if outcome.dead_letter:
         log.error("pandastack: job dead-lettered (no retry): %s", outcome.reason)
         if request.publish_artifacts:
-            publish_dead_letter(outcome, key, redactor, command=request.command, template=request.template)
+            publish_dead_letter(outcome, key, redactor, command=request.command, template=spec.template)
     else:
         if outcome.retry_after is not None:
             log.warning(

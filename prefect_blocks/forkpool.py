@@ -10,22 +10,21 @@ afterwards, retried as redelivery like :func:`~prefect_blocks.run_in_sandbox`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from prefect import task
 
-from pandastack_jobs import JobOutcome, WarmPool
+from pandastack_jobs import DEFAULT_PARENT_TTL, JobOutcome, WarmPool
 
 from .credentials import PandaStackCredentials
 from .errors import SandboxJobFailed
 from .execution import JobRequest, execute, run_logger
 from .sandbox import PandaStackSandbox
-from .tasks import TASK_OPTIONS, build_request, job_overrides
-
-DEFAULT_PARENT_TTL = 3600
+from .tasks import TASK_OPTIONS, build_request, job_signature
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,9 @@ def warm_pool(
 
     Raises :class:`SandboxJobFailed` if the warm-up fails (the parent is deleted then).
     """
-    request = build_request(command, files, input, sandbox, credentials, "warm-up", None, overrides)
+    request = build_request(
+        command, files, input, sandbox=sandbox, credentials=credentials, job_name="warm-up", **overrides
+    )
     creds = request.credentials_or_default()
     client = creds.get_client()
     log = run_logger()
@@ -79,32 +80,27 @@ def _fork_runner(parent_id: str) -> Any:
     return run
 
 
-@task(name="run_in_fork", **TASK_OPTIONS)
-def run_in_fork(
+def _run_in_fork(
     parent: WarmParent,
     command: str,
     files: Optional[Mapping[str, Any]] = None,
     input: Any = None,
-    *,
-    sandbox: Optional[PandaStackSandbox] = None,
-    credentials: Optional[PandaStackCredentials] = None,
-    timeout: Optional[float] = None,
-    result_path: Optional[str] = None,
-    collect: Optional[Sequence[str]] = None,
-    env: Optional[Mapping[str, str]] = None,
-    permanent_exit_codes: Optional[Sequence[int]] = None,
-    job_name: Optional[str] = None,
-    artifact_key: Optional[str] = None,
+    **kw: Any,
 ) -> Any:
-    """Run one job in a fresh fork of ``parent`` (from :func:`warm_pool`) and return its JSON result."""
-    overrides = job_overrides(
-        timeout=timeout,
-        result_path=result_path,
-        collect=collect,
-        env=env,
-        permanent_exit_codes=permanent_exit_codes,
-    )
-    request: JobRequest = build_request(
-        command, files, input, sandbox, credentials, job_name, artifact_key, overrides
-    )
+    """Run one job in a fresh fork of ``parent`` (from :func:`warm_pool`) and return its JSON result.
+
+    Takes :func:`~prefect_blocks.run_in_sandbox`'s options, except ``template``: a
+    fork is made from its parent's.
+    """
+    request: JobRequest = build_request(command, files, input, **kw)
     return execute(request, runner=_fork_runner(parent.parent_id)).result
+
+
+job_signature(_run_in_fork, exclude=("template",))
+_run_in_fork.__signature__ = _run_in_fork.__signature__.replace(  # type: ignore[attr-defined]
+    parameters=[
+        inspect.Parameter("parent", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=WarmParent),
+        *_run_in_fork.__signature__.parameters.values(),  # type: ignore[attr-defined]
+    ]
+)
+run_in_fork = task(name="run_in_fork", **TASK_OPTIONS)(_run_in_fork)

@@ -22,12 +22,24 @@ from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.abstract import JobBlock, JobRun
 from pydantic import Field, PrivateAttr
 
-from pandastack_jobs import RESULT_PATH, JobHandle, JobOutcome
-from pandastack_jobs.spec import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT
+from pandastack_jobs import JobHandle, JobOutcome, job_option, option_names
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials
 from .errors import SandboxJobFailed
 from .execution import JobRequest, execute
+
+PREFECT_OPTIONS = ("concurrency_limit", "publish_artifacts")
+"""Block fields that are Prefect's own, not the job's (they go to :class:`JobRequest` as they are)."""
+
+
+def option_field(name: str, **constraints: Any) -> Any:
+    """A block field for the job option ``name``: default and description from the core."""
+    option = job_option(name)
+    if option.shape == "scalar":
+        return Field(default=option.default, description=option.doc, **constraints)
+    return Field(
+        default_factory=dict if option.shape == "mapping" else list, description=option.doc, **constraints
+    )
 
 
 class PandaStackSandboxRun(JobRun[Any]):
@@ -136,39 +148,18 @@ class PandaStackSandbox(JobBlock[Any]):
         description="Shell command the job runs in /work; trigger(command=...) overrides it.",
         examples=["python3 run.py"],
     )
-    template: str = Field(
-        default=DEFAULT_TEMPLATE, description="Sandbox template (image and size) to create the sandbox from."
-    )
-    timeout: float = Field(
-        default=DEFAULT_TIMEOUT,
-        gt=0,
-        description="Hard job timeout in seconds, enforced inside the sandbox (the job is killed after it).",
-    )
-    ttl: Optional[int] = Field(
-        default=None,
-        description="Idle TTL backstop of the sandbox in seconds; empty means the timeout plus 60 seconds.",
-    )
-    result_path: Optional[str] = Field(
-        default=RESULT_PATH,
-        description="Where the job writes its JSON result (empty: the job has no result file).",
-    )
-    collect: list[str] = Field(
-        default_factory=list,
-        description="Extra files read back on success (.md/.html: markdown artifacts; others: links).",
-    )
-    metadata: dict[str, str] = Field(
-        default_factory=dict, description="Extra metadata on every sandbox (the job's own keys always win)."
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="Environment variables of the job (never the orchestrator's own)."
-    )
-    permanent_exit_codes: list[int] = Field(
-        default_factory=list,
-        description="Job exit codes that mean the input can never succeed: dead-lettered, never retried.",
-    )
-    retry_on_timeout: bool = Field(
-        default=True, description="Whether a job that ran out of time is redelivered (else dead-lettered)."
-    )
+    # The job's options: one line each, type, default and description from the core's declaration.
+    template: str = option_field("template")
+    timeout: float = option_field("timeout", gt=0)
+    ttl: Optional[int] = option_field("ttl")
+    result_path: Optional[str] = option_field("result_path")
+    collect: list[str] = option_field("collect")
+    metadata: dict[str, str] = option_field("metadata")
+    env: dict[str, str] = option_field("env")
+    permanent_exit_codes: list[int] = option_field("permanent_exit_codes")
+    retry_on_timeout: bool = option_field("retry_on_timeout")
+    max_result_bytes: int = option_field("max_result_bytes", gt=0)
+    max_file_bytes: int = option_field("max_file_bytes", gt=0)
     concurrency_limit: Optional[str] = Field(
         default=None,
         description="Name of a Prefect global concurrency limit that caps live sandboxes (one slot per job).",
@@ -190,16 +181,12 @@ class PandaStackSandbox(JobBlock[Any]):
         artifact_key: Optional[str] = None,
         **overrides: Any,
     ) -> JobRequest:
-        """The job this block runs, with per-call ``overrides`` of its fields."""
-        fields = {
-            name: getattr(self, name)
-            for name in type(self).model_fields
-            if name not in ("credentials", "command")
-        }
-        fields.update({k: v for k, v in overrides.items() if v is not None})
-        unknown = set(fields) - set(JobRequest.__dataclass_fields__)
+        """The job this block runs, with per-call ``overrides`` of its fields (None: the block's)."""
+        unknown = set(overrides) - set(option_names()) - set(PREFECT_OPTIONS)
         if unknown:
             raise TypeError(f"unknown sandbox option(s): {sorted(unknown)}")
+        values = {name: getattr(self, name) for name in (*option_names(), *PREFECT_OPTIONS)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
         command = command or self.command
         if not command:
             raise ValueError("command: no command given; set it on the block or pass trigger(command=...)")
@@ -207,10 +194,11 @@ class PandaStackSandbox(JobBlock[Any]):
             command=command,
             files=dict(files or {}),
             input=input,
+            options={name: values.pop(name) for name in option_names()},
             credentials=self.credentials,
             job_name=job_name,
             artifact_key=artifact_key,
-            **fields,
+            **values,
         )
 
     def _start(self, request: JobRequest) -> PandaStackSandboxRun:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, TypeVar, Union, overload
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import Task
 
-from pandastack_jobs import JobHandle, function_job
+from pandastack_jobs import JobHandle, function_job, option_names, option_parameters, with_parameters
 
 from .credentials import PandaStackCredentials
 from .execution import JobRequest, execute
@@ -38,114 +38,70 @@ TASK_OPTIONS: dict[str, Any] = {
 
 def build_request(
     command: str,
-    files: Optional[Mapping[str, Any]],
-    input: Any,
-    sandbox: Optional[PandaStackSandbox],
-    credentials: Optional[PandaStackCredentials],
-    job_name: Optional[str],
-    artifact_key: Optional[str],
-    overrides: Mapping[str, Any],
-) -> JobRequest:
-    block = sandbox if sandbox is not None else PandaStackSandbox()
-    if credentials is not None:
-        block = block.model_copy(update={"credentials": credentials})
-    return block.request(
-        command, files=files, input=input, job_name=job_name, artifact_key=artifact_key, **overrides
-    )
-
-
-def job_overrides(**options: Any) -> dict[str, Any]:
-    """The per-call options of a task as block overrides (None keeps the block's value)."""
-    copies = {"collect": list, "permanent_exit_codes": list, "metadata": dict, "env": dict}
-    return {
-        name: (copies[name](value) if name in copies and value is not None else value)
-        for name, value in options.items()
-    }
-
-
-@task(name="run_in_sandbox", **TASK_OPTIONS)
-def run_in_sandbox(
-    command: str,
     files: Optional[Mapping[str, Any]] = None,
     input: Any = None,
     *,
     sandbox: Optional[PandaStackSandbox] = None,
     credentials: Optional[PandaStackCredentials] = None,
-    template: Optional[str] = None,
-    timeout: Optional[float] = None,
-    ttl: Optional[int] = None,
-    result_path: Optional[str] = None,
-    collect: Optional[Sequence[str]] = None,
-    metadata: Optional[Mapping[str, str]] = None,
-    env: Optional[Mapping[str, str]] = None,
-    permanent_exit_codes: Optional[Sequence[int]] = None,
-    retry_on_timeout: Optional[bool] = None,
     concurrency_limit: Optional[str] = None,
     job_name: Optional[str] = None,
     artifact_key: Optional[str] = None,
+    **options: Any,
+) -> JobRequest:
+    """The job of one task call: ``sandbox``'s fields, overridden by the call's options (None: kept)."""
+    block = sandbox if sandbox is not None else PandaStackSandbox()
+    if credentials is not None:
+        block = block.model_copy(update={"credentials": credentials})
+    return block.request(
+        command,
+        files=files,
+        input=input,
+        job_name=job_name,
+        artifact_key=artifact_key,
+        concurrency_limit=concurrency_limit,
+        **options,
+    )
+
+
+def job_signature(fn: Callable[..., R], exclude: tuple[str, ...] = ()) -> Callable[..., R]:
+    """Give a task function :func:`build_request`'s signature, with one keyword per job option
+    (from the core's declaration; None keeps the block's value). Prefect reads the signature to
+    bind a call's parameters, so the options are real parameters of the task, declared once."""
+    names = [n for n in option_names() if n not in exclude]
+    fn.__signature__ = with_parameters(  # type: ignore[attr-defined]
+        build_request, option_parameters(names, optional=True), keep_var_keyword=False
+    ).replace(return_annotation=Any)
+    return fn
+
+
+@task(name="run_in_sandbox", **TASK_OPTIONS)
+@job_signature
+def run_in_sandbox(
+    command: str, files: Optional[Mapping[str, Any]] = None, input: Any = None, **kw: Any
 ) -> Any:
     """Run ``command`` in a fresh PandaStack sandbox and return its JSON result.
 
     ``files`` are written before the command runs (relative paths land in
     ``/work``), ``input`` is written as JSON to ``/work/input.json``, and the job
-    writes its result as JSON to ``$JOB_RESULT`` (``/work/result.json``). Options
-    left as None come from ``sandbox`` (a :class:`PandaStackSandbox` block) or its
-    defaults. Raises :class:`~prefect_blocks.errors.SandboxJobFailed` on failure.
+    writes its result as JSON to ``$JOB_RESULT`` (``/work/result.json``). The job
+    options (``template``, ``timeout``, ``collect``, ...: see
+    :func:`pandastack_jobs.job_options`) left as None come from ``sandbox`` (a
+    :class:`PandaStackSandbox` block) or its defaults. Raises
+    :class:`~prefect_blocks.errors.SandboxJobFailed` on failure.
     """
-    overrides = job_overrides(
-        template=template,
-        timeout=timeout,
-        ttl=ttl,
-        result_path=result_path,
-        collect=collect,
-        metadata=metadata,
-        env=env,
-        permanent_exit_codes=permanent_exit_codes,
-        retry_on_timeout=retry_on_timeout,
-        concurrency_limit=concurrency_limit,
-    )
-    request = build_request(command, files, input, sandbox, credentials, job_name, artifact_key, overrides)
-    return execute(request).result
+    return execute(build_request(command, files, input, **kw)).result
 
 
 @task(name="arun_in_sandbox", **TASK_OPTIONS)
+@job_signature
 async def arun_in_sandbox(
-    command: str,
-    files: Optional[Mapping[str, Any]] = None,
-    input: Any = None,
-    *,
-    sandbox: Optional[PandaStackSandbox] = None,
-    credentials: Optional[PandaStackCredentials] = None,
-    template: Optional[str] = None,
-    timeout: Optional[float] = None,
-    ttl: Optional[int] = None,
-    result_path: Optional[str] = None,
-    collect: Optional[Sequence[str]] = None,
-    metadata: Optional[Mapping[str, str]] = None,
-    env: Optional[Mapping[str, str]] = None,
-    permanent_exit_codes: Optional[Sequence[int]] = None,
-    retry_on_timeout: Optional[bool] = None,
-    concurrency_limit: Optional[str] = None,
-    job_name: Optional[str] = None,
-    artifact_key: Optional[str] = None,
+    command: str, files: Optional[Mapping[str, Any]] = None, input: Any = None, **kw: Any
 ) -> Any:
     """Async form of :func:`run_in_sandbox`: the job runs in a worker thread; cancelling the
     task deletes the sandbox at once."""
     import anyio
 
-    overrides = job_overrides(
-        template=template,
-        timeout=timeout,
-        ttl=ttl,
-        result_path=result_path,
-        collect=collect,
-        metadata=metadata,
-        env=env,
-        permanent_exit_codes=permanent_exit_codes,
-        retry_on_timeout=retry_on_timeout,
-        concurrency_limit=concurrency_limit,
-    )
-    request = build_request(command, files, input, sandbox, credentials, job_name, artifact_key, overrides)
+    request = build_request(command, files, input, **kw)
     handle = JobHandle()
     try:
         outcome = await anyio.to_thread.run_sync(
@@ -196,13 +152,12 @@ def sandbox_task(
         def body(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             job = function_job(func, bound.args, bound.kwargs)
-            block = sandbox if sandbox is not None else PandaStackSandbox()
-            if credentials is not None:
-                block = block.model_copy(update={"credentials": credentials})
-            request = block.request(
+            request = build_request(
                 job["command"],
-                files=job["files"],
-                input=job["input"],
+                job["files"],
+                job["input"],
+                sandbox=sandbox,
+                credentials=credentials,
                 result_path=job["result_path"],
                 job_name=func.__name__,
             )

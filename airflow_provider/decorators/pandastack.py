@@ -73,7 +73,7 @@ class _PandaStackDecoratedOperator(DecoratedOperator, PandaStackSandboxOperator)
             job = function_job(self.python_callable, tuple(self.op_args), dict(self.op_kwargs))
         except JobSpecError as exc:
             raise AirflowFailException(f"@task.pandastack: {exc}") from None
-        return {**job, "files": {**self.files, **job["files"]}}
+        return {**job, "files": {**(self.files or {}), **job["files"]}}
 
 
 def pandastack_task(

@@ -108,14 +108,18 @@ class PandaStackHook(BaseHook):
     def connection(self) -> Connection | None:
         try:
             return self.get_connection(self.pandastack_conn_id)
-        except AirflowNotFoundException:
-            if self.pandastack_conn_id != self.default_conn_name:
-                raise
-            self.log.info(
-                "Connection %r not found; using the SDK's environment (PANDASTACK_API, PANDASTACK_API_KEY)",
-                self.pandastack_conn_id,
-            )
+        except AirflowNotFoundException as exc:
+            self._missing_connection(exc)
             return None
+
+    def _missing_connection(self, exc: AirflowNotFoundException) -> None:
+        """Only a missing ``pandastack_default`` falls back to the SDK's environment."""
+        if self.pandastack_conn_id != self.default_conn_name:
+            raise exc
+        self.log.info(
+            "Connection %r not found; using the SDK's environment (PANDASTACK_API, PANDASTACK_API_KEY)",
+            self.pandastack_conn_id,
+        )
 
     @cached_property
     def config(self) -> ConnectionConfig:
@@ -134,6 +138,18 @@ class PandaStackHook(BaseHook):
         mask_key(client.api_key)
         self.redactor.add(client.api_key)
         return client
+
+    async def aget_conn(self) -> pandastack.Client:
+        """:meth:`get_conn` for async code (the triggerer): the connection is read without blocking
+        the event loop; the key is masked and redacted the same way."""
+        if "connection" not in self.__dict__:
+            conn: Connection | None = None
+            try:
+                conn = await self.aget_connection(self.pandastack_conn_id)
+            except AirflowNotFoundException as exc:
+                self._missing_connection(exc)
+            self.__dict__["connection"] = conn
+        return self.get_conn()
 
     def test_connection(self) -> tuple[bool, str]:
         """List sandboxes with the key: proves the URL is reachable and the key is accepted."""

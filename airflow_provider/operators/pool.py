@@ -19,95 +19,47 @@ is the core's :class:`pandastack_jobs.WarmPool`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from functools import cached_property
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandastack
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
-from pandastack_jobs import (
-    RESULT_PATH,
-    JobHandle,
-    JobOutcome,
-    JobSpec,
-    JobSpecError,
-    WarmPool,
-    WarmupFailed,
-)
-from pandastack_jobs.forkpool import DEFAULT_PARENT_TTL
-from pandastack_jobs.spec import DEFAULT_TEMPLATE, DEFAULT_TIMEOUT, FileContent
+from pandastack_jobs import DEFAULT_PARENT_TTL, JobHandle, JobOutcome, JobSpec, WarmPool, WarmupFailed
 
+from ..attempt import reap_recorded, record_sandbox
 from ..exceptions import exception_for
 from ..hooks.pandastack import PandaStackHook
-from ..retry import pandastack_retry_policy
-from .sandbox import STATE_KEY, PandaStackSandboxOperator, job_key, reap_recorded
+from .job import PandaStackJobBaseOperator
+from .sandbox import PandaStackSandboxOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class PandaStackWarmPoolSetupOperator(BaseOperator):
+class PandaStackWarmPoolSetupOperator(PandaStackJobBaseOperator):
     """Create a parent sandbox, run the warm-up in it once, and return its id.
 
     :param command: the warm-up command (templated).
     :param files: files for the warm-up (not templated).
     :param input: JSON input for the warm-up (templated).
-    :param template: sandbox template of the parent (and so of every fork).
-    :param timeout: the warm-up's hard clock, seconds.
     :param parent_ttl: the parent's idle backstop, seconds (it must outlive the jobs).
-    :param result_path: where the warm-up may write a JSON result (pushed as XCom ``warmup``).
+    :param pandastack_conn_id: the ``pandastack`` connection (templated).
+
+    The job's options apply to the warm-up, as for :class:`PandaStackSandboxOperator`
+    (``template`` is the parent's and so every fork's; a JSON result the warm-up
+    writes is pushed as XCom ``warmup``).
     """
 
-    template_fields: Sequence[str] = ("command", "input", "template", "env")
     ui_color = "#fbd38d"
 
-    def __init__(
-        self,
-        *,
-        command: str,
-        files: Mapping[str, FileContent] | None = None,
-        input: Any = None,
-        template: str = DEFAULT_TEMPLATE,
-        timeout: float = DEFAULT_TIMEOUT,
-        parent_ttl: int = DEFAULT_PARENT_TTL,
-        result_path: str | None = RESULT_PATH,
-        env: Mapping[str, str] | None = None,
-        pandastack_conn_id: str = PandaStackHook.default_conn_name,
-        **kwargs: Any,
-    ) -> None:
-        kwargs.setdefault("retry_policy", pandastack_retry_policy)
+    def __init__(self, *, parent_ttl: int = DEFAULT_PARENT_TTL, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.command = command
-        self.files = dict(files or {})
-        self.input = input
-        self.template = template
-        self.timeout = timeout
         self.parent_ttl = parent_ttl
-        self.result_path = result_path
-        self.env = dict(env or {})
-        self.pandastack_conn_id = pandastack_conn_id
-
-    @cached_property
-    def hook(self) -> PandaStackHook:
-        return PandaStackHook(pandastack_conn_id=self.pandastack_conn_id)
 
     def execute(self, context: Context) -> str:
-        try:
-            spec = JobSpec(
-                command=self.command,
-                files=self.files,
-                input=self.input,
-                template=self.template,
-                timeout=self.timeout,
-                result_path=self.result_path,
-                env={str(k): str(v) for k, v in self.env.items()},
-                key=job_key(context),
-            )
-        except JobSpecError as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(f"PandaStack warm-up is invalid: {exc}") from None
+        spec = self.build_spec(context)
         client = self.hook.get_conn()
         reap_recorded(self.log, context, client)
         pool = WarmPool(client, warmup=spec, parent_ttl=self.parent_ttl, redactor=self.hook.redactor)
@@ -117,9 +69,7 @@ class PandaStackWarmPoolSetupOperator(BaseOperator):
             error = exception_for(exc.outcome)
             self.log.error("PandaStack warm-up failed: %s", error)
             raise error from None
-        store = context.get("task_state_store")
-        if store is not None:
-            store.set(STATE_KEY, parent_id)
+        record_sandbox(self.log, context, parent_id)
         outcome = pool.warmup_outcome
         context["ti"].xcom_push(key="sandbox_id", value=parent_id)
         if outcome is not None:
@@ -158,8 +108,6 @@ class PandaStackForkOperator(PandaStackSandboxOperator):
         handle: JobHandle,
     ) -> JobOutcome:
         if not self.parent_id:
-            from airflow.sdk.exceptions import AirflowFailException
-
             raise AirflowFailException("PandaStackForkOperator: parent_id is empty (did the setup task run?)")
         pool = WarmPool.attach(client, str(self.parent_id), redactor=self.hook.redactor)
         return pool.run(spec, on_created=on_created, on_output=on_output, handle=handle)
@@ -172,7 +120,7 @@ class PandaStackWarmPoolTeardownOperator(BaseOperator):
         Empty (the setup failed before creating one): nothing to do.
     """
 
-    template_fields: Sequence[str] = ("parent_id",)
+    template_fields: Sequence[str] = ("parent_id", "pandastack_conn_id")
     ui_color = "#fbd38d"
 
     def __init__(

@@ -19,16 +19,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from functools import cached_property
 from typing import Any
 
 import pandastack
-from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from pandastack_jobs import DetachedJob, SandboxGone, delete_sandbox, poll_detached
 
-from ..hooks.pandastack import PandaStackHook, config_from_connection
+from ..hooks.pandastack import PandaStackHook
 
 
 class PandaStackJobTrigger(BaseTrigger):
@@ -60,14 +59,13 @@ class PandaStackJobTrigger(BaseTrigger):
             },
         )
 
+    @cached_property
+    def hook(self) -> PandaStackHook:
+        return PandaStackHook(pandastack_conn_id=self.pandastack_conn_id)
+
     async def _client(self) -> pandastack.Client:
-        try:
-            conn = await BaseHook.aget_connection(self.pandastack_conn_id)
-        except AirflowNotFoundException:
-            if self.pandastack_conn_id != PandaStackHook.default_conn_name:
-                raise
-            conn = None
-        return config_from_connection(conn).client()
+        """The SDK client from the hook: its key is masked in logs and redacted in messages."""
+        return await self.hook.aget_conn()
 
     def _event(self, status: str, **extra: Any) -> TriggerEvent:
         return TriggerEvent({"status": status, "job": self.job, **extra})
@@ -86,7 +84,12 @@ class PandaStackJobTrigger(BaseTrigger):
                 # Transient API trouble: keep polling until the deadline; the end is classified
                 # by execute_complete either way.
                 failures += 1
-                self.log.warning("PandaStack poll of %s failed (%d): %s", job.sandbox_id, failures, exc)
+                self.log.warning(
+                    "PandaStack poll of %s failed (%d): %s",
+                    job.sandbox_id,
+                    failures,
+                    self.hook.redactor(str(exc)),
+                )
                 exit_code = None
             if exit_code is not None:
                 yield self._event("exited", exit_code=exit_code)

@@ -179,7 +179,7 @@ def test_trigger_reports_a_vanished_sandbox(airflow_env, local_server, ps_client
 
 
 def test_job_output_reaches_the_log_line_by_line():
-    from airflow_provider.operators.sandbox import TaskLogStream
+    from airflow_provider.operators.sandbox import task_log_lines
 
     lines: list[tuple[str, str]] = []
 
@@ -190,7 +190,7 @@ def test_job_output_reaches_the_log_line_by_line():
         def warning(self, fmt: str, line: str) -> None:
             lines.append(("warning", line))
 
-    stream = TaskLogStream(Log())
+    stream = task_log_lines(Log())
     stream("stdout", "hel")
     stream("stderr", "oops\n")
     stream("stdout", "lo\nwor")

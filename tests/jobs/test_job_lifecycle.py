@@ -9,7 +9,6 @@ import pandastack
 import pytest
 
 from pandastack_jobs import (
-    Classifier,
     FailureClass,
     FailureKind,
     JobHandle,
@@ -63,7 +62,7 @@ def test_nonzero_exit_is_redelivered_with_the_cause(ps_client: pandastack.Client
 
 
 def test_permanent_exit_code_is_dead_lettered(ps_client: pandastack.Client) -> None:
-    spec = JobSpec(command="exit 3", timeout=30, classifier=Classifier(permanent_exit_codes=frozenset({3})))
+    spec = JobSpec(command="exit 3", timeout=30, permanent_exit_codes=[3])
     outcome = run_job(ps_client, spec)
     assert outcome.kind is FailureKind.PERMANENT_EXIT_CODE
     assert outcome.dead_letter
@@ -81,7 +80,7 @@ def test_timeout_kills_a_sleeping_job_on_time(ps_client: pandastack.Client) -> N
 
 
 def test_timeout_can_be_dead_lettered(ps_client: pandastack.Client) -> None:
-    spec = JobSpec(command="sleep 600", timeout=1, classifier=Classifier(retry_on_timeout=False))
+    spec = JobSpec(command="sleep 600", timeout=1, retry_on_timeout=False)
     assert run_job(ps_client, spec).dead_letter
 
 
