@@ -96,13 +96,14 @@ class JobOption:
 
 def _parse_text(name: str, text: str, shape: str) -> Any:
     stripped = text.strip()
-    opener = "{" if shape == "mapping" else "[("
+    kind, opener, example = (
+        ("mapping", "{", '{"NAME": "value"}') if shape == "mapping" else ("list", "[(", "['report.md']")
+    )
+    if not stripped and shape == "sequence":
+        return []
     if not stripped or stripped[0] not in opener:
-        if shape == "sequence" and not stripped:
-            return []
-        example = '{"NAME": "value"}' if shape == "mapping" else "['report.md']"
         raise JobSpecError(
-            name, f"{_short(text)} is a string, not a {shape}", f"give a {shape}, e.g. {example}"
+            name, f"{_short(text)} is a string, not a {kind}", f"give a {kind}, e.g. {example}"
         )
     try:
         return json.loads(stripped)
@@ -112,7 +113,7 @@ def _parse_text(name: str, text: str, shape: str) -> Any:
         return ast.literal_eval(stripped)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise JobSpecError(
-            name, f"{_short(text)} is neither JSON nor a Python literal", f"give a {shape} value"
+            name, f"{_short(text)} is neither JSON nor a Python literal", f"give a {kind}, e.g. {example}"
         ) from None
 
 

@@ -72,11 +72,9 @@ def task_log_lines(log: Any) -> LineSplitter:
 class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     """Run ``command`` in a fresh PandaStack sandbox; its ``result.json`` is the task's XCom.
 
-    :param command: shell command run in ``/work`` inside the sandbox (templated).
-    :param files: ``{path: content}`` written into the sandbox before the command;
-        relative paths land under ``/work``. Content is ``str``, ``bytes`` or a
-        ``pathlib.Path`` to a local file. Not templated: code often contains ``{{``.
-    :param input: JSON value written to ``/work/input.json`` (``$JOB_INPUT``) (templated).
+    ``command``, ``files``, ``input`` and ``pandastack_conn_id`` are
+    :class:`~airflow_provider.operators.job.PandaStackJobBaseOperator`'s.
+
     :param deferrable: start the job detached and free the worker slot while it
         runs; a trigger polls for its end.
     :param poll_interval: seconds between the trigger's polls (deferrable).
@@ -86,7 +84,6 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     :param object_storage_conn_id: Airflow connection for that storage, if it needs one (templated).
     :param xcom_max_bytes: the largest file or result pushed to XCom as a value.
     :param log_output: stream the job's stdout/stderr into the task log.
-    :param pandastack_conn_id: the ``pandastack`` connection (templated).
 
     The job's options (``template``, ``timeout``, ``ttl``, ``result_path``,
     ``collect``, ``metadata``, ``env``, ``permanent_exit_codes``,

@@ -105,7 +105,7 @@ def test_every_conn_id_and_job_option_is_templated(cls: type) -> None:
 def test_a_plain_bad_value_fails_the_dag_import_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"permanent_exit_codes.*1 to 255"):
         PandaStackSandboxOperator(task_id="bad", command="true", permanent_exit_codes=[0])
-    with pytest.raises(ValueError, match=r"collect: is a single string"):
+    with pytest.raises(ValueError, match=r"collect: 'report.md' is a string, not a list"):
         PandaStackSandboxOperator(task_id="bad", command="true", collect="report.md")
 
 
@@ -114,7 +114,8 @@ def test_a_plain_bad_value_fails_the_dag_import_naming_the_field() -> None:
     [
         ("env", "nope", "env: 'nope' is a string, not a mapping"),
         ("env", "{'A': [1]}", "env['A']"),
-        ("collect", "{'a': 1}", "collect: {'a': 1} is not a list"),
+        ("collect", "{'a': 1}", "collect: \"{'a': 1}\" is a string, not a list"),
+        ("collect", "[1, 2", "collect: '[1, 2' is neither JSON nor a Python literal"),
         ("timeout", "soon", "timeout: 'soon' is not a positive number"),
     ],
 )
