@@ -221,3 +221,19 @@ def test_plain_jinja_and_xcomarg_values_reach_the_job(airflow_env, local_server,
     assert xcom(dr, "warm", "warmup") == {"greeting": "hi"}
     assert xcom(dr, "greet") == "hi"
     assert local_server.client().sandboxes.list() == []
+
+
+def test_trigger_gets_its_client_through_the_hook(airflow_env, local_server) -> None:
+    """Issue 14 item 5: the trigger built its own client from the connection, bypassing the hook's
+    key masking and redaction; now the hook hands it out (read without blocking the loop)."""
+    import asyncio
+
+    from airflow_provider.triggers.sandbox import PandaStackJobTrigger
+
+    job = {"sandbox_id": "sb-x", "started_at": 0.0, "timeout": 1.0}
+    trigger = PandaStackJobTrigger(job=job, pandastack_conn_id="pandastack_default")
+    client = asyncio.run(trigger._client())
+    assert client.api_url.rstrip("/") == local_server.url.rstrip("/")
+    assert trigger.hook.connection is not None  # read by the hook, cached for get_conn
+    leaked = f"poll failed for key {local_server.api_key}"
+    assert local_server.api_key not in trigger.hook.redactor(leaked)
