@@ -48,7 +48,6 @@ def test_an_option_reaches_the_job_from_a_task_call(credentials, local_server) -
             sandbox=block,
             timeout=60,
             max_result_bytes=100,
-            retries=0,
         )
 
     with pytest.raises(SandboxJobFailed, match="100-byte cap"):
