@@ -19,7 +19,6 @@ import pytest
 from airflow.sdk import DAG, XComArg, task
 from airflow.sdk.bases.decorator import DecoratedOperator
 from airflow.sdk.exceptions import AirflowFailException
-from dagtest import run_dag, task_instances, xcom
 
 from airflow_provider.decorators.pandastack import _PandaStackDecoratedOperator
 from airflow_provider.operators.pool import (
@@ -29,6 +28,7 @@ from airflow_provider.operators.pool import (
 )
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 from pandastack_jobs import option_names
+from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 OPERATORS = [
