@@ -54,7 +54,7 @@ test-prefect: venvs templates
 # traversable (o+x) for that user.
 NONROOT_USER ?= pandastack-ci
 NONROOT_TMP ?= /tmp/pandastack-nonroot-tests
-test-nonroot: venvs
+test-nonroot: venvs templates
 	@if [ "$$(id -u)" != 0 ]; then echo "test-nonroot: already not root: tests/local ran unprivileged"; exit 0; fi; \
 	id -u $(NONROOT_USER) >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin $(NONROOT_USER); \
 	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(AF)/bin/python -m pytest -q tests/local tests/security \
