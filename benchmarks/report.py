@@ -236,6 +236,30 @@ over HTTP. For jobs that run for seconds it is noise; for a 50 ms job it dominat
 """
 
 
+def prefect_worker_section() -> str:
+    w = load("prefect_worker")
+    if not w:
+        return ""
+    rows = [
+        [f"`{kind}` worker", *ms(w[kind]), w["prefect_run_time"][kind]["p50_ms"]]
+        for kind in ("process", "pandastack")
+    ]
+    r = w["ratio_pandastack_to_process"]
+    return f"""## Prefect work pool: `pandastack` worker vs `process` worker
+
+One trivial flow run at a time, from the worker's poll to Completed, alternating the two
+pools on one temporary Prefect API (`benchmarks/prefect_worker.py`). The last column is
+Prefect's own `start_time` to `end_time` of the run (inside the process or the sandbox).
+
+{table(["worker", "N", "p50 ms", "p99 ms", "mean ms", "Prefect run time p50 ms"], rows)}
+
+**The `pandastack` worker takes {r["p50"]}x the `process` worker per flow run at the median
+(+{w["extra_ms_per_flow_run_p50"]} ms).** Both start a fresh Python running
+`prefect flow-run execute`/the engine; the sandbox adds its create (warm pool), the env file
+upload, the exec over HTTP, the delete, and the engine's API traffic through the egress relay.
+"""
+
+
 def warm_section(targets: list[list[Any]]) -> str:
     w = load("warm")
     if not w:
@@ -502,6 +526,7 @@ def write_report() -> Path:
         overhead_section(targets),
         breakdown_section(),
         isolation_section(),
+        prefect_worker_section(),
         warm_section(targets),
         scale_section(),
         local_server_section(targets),

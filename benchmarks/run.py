@@ -36,6 +36,7 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("overhead", AF, "benchmarks.overhead", ["--rounds", "30", "--batch", "2"], ["--rounds", "4"]),
     ("prefect_overhead", PREFECT_PYTHON, "benchmarks.prefect_overhead", ["--rounds", "30", "--batch", "2"],
      ["--rounds", "4", "--batch", "2"]),
+    ("prefect_worker", PREFECT_PYTHON, "benchmarks.prefect_worker", ["--rounds", "8"], ["--rounds", "2"]),
     ("breakdown", AF, "benchmarks.breakdown", ["--rounds", "10", "--batch", "2"], ["--rounds", "2"]),
     ("isolation", AF, "benchmarks.isolation", ["--rounds", "20", "--batch", "2"], ["--rounds", "2"]),
     ("warm", AF, "benchmarks.warm", ["--rounds", "6"], ["--rounds", "2"]),
@@ -46,8 +47,8 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
 
 def run_step(name: str, python: str, module: str, args: list[str], logs: Path) -> float:
     """Run one benchmark module; return its wall time. Raises with the log's tail on failure."""
-    if name == "prefect_overhead":
-        args = [*args, "--out", str(RESULTS_DIR / "prefect_overhead.json")]
+    if python == PREFECT_PYTHON:
+        args = [*args, "--out", str(RESULTS_DIR / f"{name}.json")]
     log_path = logs / f"{name}.log"
     started = time.perf_counter()
     with log_path.open("wb") as out:
