@@ -68,6 +68,7 @@ def measure(rounds: int) -> dict[str, Any]:
     from prefect_blocks.worker import PandaStackWorker
 
     code = Path(tempfile.mkdtemp(prefix="bench-worker-flow-"))
+    code.chmod(0o755)  # read by the sandbox's unprivileged uid
     (code / "bench_flow.py").write_text(FLOW)
     templates = Path(tempfile.mkdtemp(prefix="bench-worker-template-"))
     (templates / "template.json").write_text(

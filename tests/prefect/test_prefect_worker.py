@@ -73,6 +73,7 @@ def inside(seconds: float = 0.0, fail: bool = False) -> int:
 @pytest.fixture(scope="module")
 def code_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     code = tmp_path_factory.mktemp("worker-flows")
+    code.chmod(0o755)  # the sandbox's root is an unprivileged host uid: code must be world-readable
     (code / "worker_flows.py").write_text(FLOW_CODE)
     return code
 
