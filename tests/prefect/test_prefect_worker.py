@@ -230,7 +230,7 @@ def test_failing_flow_ends_failed_and_its_sandbox_is_deleted(sandbox_server: Loc
 
 
 def test_only_what_the_flow_run_needs_enters_the_sandbox(sandbox_server: LocalServer, pool: str) -> None:
-    fr_id = start_run({"seconds": 30})
+    fr_id = start_run({"seconds": 150})
     seen: dict[str, str] = {}
 
     def search() -> None:
