@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .procs import Proc, ProcessGroup, free_port, run, wait_for
 from .services import REPO, PandaStack, Postgres, request_json
@@ -136,7 +136,7 @@ class PrefectStack:
             "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200}
         )
 
-    def start_worker(self, name: str) -> Proc:
+    def start_worker(self, name: str, pool: str = POOL, worker_type: str = "process") -> Proc:
         proc = self.group.start(
             f"prefect-{name}",
             [
@@ -144,11 +144,11 @@ class PrefectStack:
                 "worker",
                 "start",
                 "--pool",
-                POOL,
+                pool,
                 "--name",
                 name,
                 "--type",
-                "process",
+                worker_type,
                 "--limit",
                 "4",
             ],
@@ -158,31 +158,48 @@ class PrefectStack:
         self.workers[name] = proc
         return proc
 
-    def online_workers(self) -> list[str]:
-        rows = self.request("POST", f"/work_pools/{POOL}/workers/filter", {})
+    def online_workers(self, pool: str = POOL) -> list[str]:
+        rows = self.request("POST", f"/work_pools/{pool}/workers/filter", {})
         return sorted(w["name"] for w in rows if w.get("status") == "ONLINE")
+
+
+S = TypeVar("S", bound=PrefectStack)
+
+
+def start_server(stack: S, name: str, *extra: str) -> S:
+    """``prefect server start`` for ``stack`` (its env and port, ``extra`` flags), waited for until healthy."""
+    stack.group.start(
+        name,
+        [
+            str(PF_BIN / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(stack.port),
+            *extra,
+        ],
+        env=stack.env,
+        cwd=REPO,
+        ports=[stack.port],
+    )
+    wait_for(
+        f"the Prefect server {name}",
+        lambda: stack.request("GET", "/health"),
+        timeout=180,
+        interval=2,
+        check=lambda v: v is True or v == "true" or v is not None,
+        on_timeout=lambda: stack.group.get(name).tail(),
+    )
+    return stack
 
 
 def start_prefect(group: ProcessGroup, pg: Postgres, ps: PandaStack) -> PrefectStack:
     pg.create_db("prefect")
     port = free_port()
     env = prefect_env(group.run_dir, pg, ps, port)
-    group.start(
-        "prefect-server",
-        [str(PF_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        cwd=REPO,
-        ports=[port],
-    )
-    stack = PrefectStack(group, env, port)
-    wait_for(
-        "the Prefect server",
-        lambda: stack.request("GET", "/health"),
-        timeout=180,
-        interval=2,
-        check=lambda v: v is True or v == "true" or v is not None,
-        on_timeout=lambda: group.get("prefect-server").tail(),
-    )
+    stack = start_server(PrefectStack(group, env, port), "prefect-server")
     # The credentials block, saved on the server; the work pool; the deployments.
     stack.python(
         "-m",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .prefect_stack import PF_BIN, PrefectStack, prefect_env
+from .prefect_stack import PrefectStack, prefect_env, start_server
 from .procs import Proc, ProcessGroup, free_port, wait_for
 from .services import E2E_API_KEY, REPO, PandaStack, Postgres
 
@@ -29,18 +29,10 @@ class PoolStack(PrefectStack):
     sandboxes_server: PandaStack
 
     def start_sandbox_worker(self, name: str) -> Proc:
-        proc = self.group.start(
-            f"prefect-{name}",
-            [str(PF_BIN / "prefect"), "worker", "start", "--pool", POOL, "--name", name, "--type", "pandastack"],
-            env=self.env,
-            cwd=REPO,
-        )
-        self.workers[name] = proc
-        return proc
+        return self.start_worker(name, pool=POOL, worker_type="pandastack")
 
     def online(self) -> list[str]:
-        rows = self.request("POST", f"/work_pools/{POOL}/workers/filter", {})
-        return sorted(w["name"] for w in rows if w.get("status") == "ONLINE")
+        return self.online_workers(POOL)
 
     def pool_sandboxes(self) -> list[dict[str, Any]]:
         return [
@@ -101,7 +93,8 @@ def pool(group: ProcessGroup, postgres: Postgres) -> Iterator[PoolStack]:
     postgres.create_db("prefect_pool")
     port = free_port()
     ps = start_sandbox_server(group, port)
-    env = {k: v for k, v in prefect_env(group.run_dir, postgres, ps, port).items() if "PANDASTACK_API" not in k}
+    env = prefect_env(group.run_dir, postgres, ps, port)
+    env = {k: v for k, v in env.items() if "PANDASTACK_API" not in k}  # the block has the key
     home = group.run_dir / "prefect-pool"
     home.mkdir()
     env.update(
@@ -110,23 +103,8 @@ def pool(group: ProcessGroup, postgres: Postgres) -> Iterator[PoolStack]:
         PREFECT_API_DATABASE_CONNECTION_URL=postgres.url("prefect_pool", driver="asyncpg"),
         PREFECT_WORKER_HEARTBEAT_SECONDS="2",
     )
-    group.start(
-        "prefect-server-pool",
-        [str(PF_BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-        env=env,
-        cwd=REPO,
-        ports=[port],
-    )
-    stack = PoolStack(group, env, port)
+    stack = start_server(PoolStack(group, env, port), "prefect-server-pool", "--no-ui")
     stack.sandboxes_server = ps
-    wait_for(
-        "the pool's Prefect server",
-        lambda: stack.request("GET", "/health"),
-        timeout=180,
-        interval=2,
-        check=lambda v: v is not None,
-        on_timeout=lambda: group.get("prefect-server-pool").tail(),
-    )
     stack.python(
         "-m", "e2e.prefect_pool_setup", "--pool", POOL, "--block", BLOCK,
         "--api-url", ps.url, "--api-key", ps.api_key, timeout=300,
