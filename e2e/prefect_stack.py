@@ -167,7 +167,7 @@ S = TypeVar("S", bound=PrefectStack)
 
 
 def start_server(stack: S, name: str, *extra: str) -> S:
-    """``prefect server start`` for ``stack`` (its env and port, ``extra`` flags), waited for until healthy."""
+    """``prefect server start`` for ``stack`` (its env, its port, ``extra`` flags), until healthy."""
     stack.group.start(
         name,
         [
