@@ -66,7 +66,7 @@ def wait_for_job_sandbox(client: pandastack.Client, flow_run_id: UUID, proc: sub
 
 
 def test_killed_worker_then_retried_leaves_no_orphan(local_server, ps_client, monkeypatch) -> None:
-    import prefect_test_flows as flows
+    from tests.prefect import prefect_test_flows as flows
 
     flow_run_id, proc = start_flow_run_process(local_server, flows.killed_worker_flow, sleep=300)
     try:
@@ -101,7 +101,7 @@ def test_killed_worker_then_retried_leaves_no_orphan(local_server, ps_client, mo
 
 
 def test_crashed_flow_run_leaves_no_sandbox(local_server, ps_client) -> None:
-    import prefect_test_flows as flows
+    from tests.prefect import prefect_test_flows as flows
 
     flow_run_id, proc = start_flow_run_process(local_server, flows.cancellable_flow, sleep=300)
     try:
