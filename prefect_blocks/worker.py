@@ -55,6 +55,8 @@ SWEEP_EVERY_POLLS = 6
 FORWARDED_SETTINGS = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
 DEFAULT_HEARTBEAT_SECONDS = 30
 MISSED_HEARTBEATS = 3
+# A loaded worker's heartbeats can lag seconds: never call one dead sooner than this.
+MIN_OFFLINE_SECONDS = 60.0
 META_POOL = "prefect_work_pool"
 META_WORKER = "prefect_worker"
 META_FLOW_RUN = "prefect_flow_run_id"
@@ -403,4 +405,5 @@ def _online(worker: Any) -> bool:
     if last is None:
         return False
     interval = getattr(worker, "heartbeat_interval_seconds", None) or DEFAULT_HEARTBEAT_SECONDS
-    return (datetime.now(timezone.utc) - last).total_seconds() <= interval * MISSED_HEARTBEATS
+    window = max(interval * MISSED_HEARTBEATS, MIN_OFFLINE_SECONDS)
+    return (datetime.now(timezone.utc) - last).total_seconds() <= window

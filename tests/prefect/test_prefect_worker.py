@@ -294,7 +294,7 @@ def test_cancelling_deletes_the_sandbox_and_the_run_ends_cancelled(
 
 
 def test_cli_worker_runs_a_flow_run_and_a_killed_workers_sandbox_is_swept(
-    sandbox_server: LocalServer, pool: str
+    sandbox_server: LocalServer, pool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``prefect worker start --type pandastack``, SIGKILLed mid-run: the next worker's sweep deletes
     the orphaned sandbox and marks the run Crashed."""
@@ -319,7 +319,8 @@ def test_cli_worker_runs_a_flow_run_and_a_killed_workers_sandbox_is_swept(
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     assert [sb.id for sb in pool_sandboxes(sandbox_server, pool)] == [orphan.id], "the kill removed it"
-    time.sleep(4)  # three missed 1 s heartbeats: the dead worker is no longer online
+    monkeypatch.setattr("prefect_blocks.worker.MIN_OFFLINE_SECONDS", 3.0)
+    time.sleep(4)  # three missed 1 s heartbeats (and the lowered floor): the dead worker is offline
 
     async def sweep() -> list[str]:
         async with PandaStackWorker(work_pool_name=pool, name="survivor") as survivor:
