@@ -27,7 +27,9 @@ from typing import Any
 
 import pandastack
 
-from benchmarks.common import log, machine, ratio, summary, write_json
+from benchmarks.common import log, machine, ratio, write_json
+from benchmarks.local_server import OPS, lifecycle_timings
+from benchmarks.local_server import summary as ms_summary
 from pandastack_local import LocalServer
 from pandastack_local.config import generate_api_key
 from pandastack_local.local_server import free_port
@@ -35,7 +37,6 @@ from pandastack_local.local_server import free_port
 ROOT = Path(__file__).resolve().parent.parent
 # The last commit before this session's hardening (issue 12) and templates (issue 13).
 DEFAULT_BASE = "5319cd7"
-OPS = ("create", "exec_true", "delete", "full")
 
 
 @contextlib.contextmanager
@@ -79,23 +80,6 @@ def baseline_server(rev: str, pool_size: int | None) -> Iterator[Any]:
             log_file.close()
 
 
-def loop(client: Any, n: int, timings: dict[str, list[float]]) -> None:
-    """n x (create -> exec ``true`` -> delete), appending seconds per op to ``timings``."""
-    for _ in range(n):
-        t0 = time.perf_counter()
-        sb = client.sandboxes.create(template="base")
-        t1 = time.perf_counter()
-        result = sb.exec("true")
-        t2 = time.perf_counter()
-        client.sandboxes.delete(sb.id)
-        t3 = time.perf_counter()
-        if result.exit_code != 0:
-            raise SystemExit(f"exec true exited {result.exit_code}: {result.stderr!r}")
-        for op, value in zip(OPS, (t1 - t0, t2 - t1, t3 - t2, t3 - t0), strict=True):
-            timings[op].append(value)
-        time.sleep(0.02)  # let the pool refill, as a real job's own run time would
-
-
 def measure(rev: str, rounds: int, batch: int, pool_size: int | None) -> dict[str, Any]:
     """Alternating batches against the baseline server and this commit's; summaries and ratios."""
     runs: dict[str, dict[str, list[float]]] = {side: {op: [] for op in OPS} for side in ("base", "head")}
@@ -103,12 +87,13 @@ def measure(rev: str, rounds: int, batch: int, pool_size: int | None) -> dict[st
         head = server.client()
         clients = {"base": base, "head": head}
         for client in clients.values():  # warm-up: imports, first pool fill
-            loop(client, 5, {op: [] for op in OPS})
+            lifecycle_timings(client, 5)
         for i in range(rounds):
             order = ("base", "head") if i % 2 == 0 else ("head", "base")
             for side in order:
-                loop(clients[side], batch, runs[side])
-    result: dict[str, Any] = {side: {op: summary(v) for op, v in t.items()} for side, t in runs.items()}
+                lifecycle_timings(clients[side], batch, 0.02, into=runs[side])  # pause: the pool refills
+    result: dict[str, Any] = {side: {op: ms_summary(v) for op, v in t.items()} for side, t in runs.items()}
+    result["n_per_side"] = len(runs["head"]["create"])
     result["ratio_p50"] = {
         op: ratio(result["head"][op]["p50_ms"], result["base"][op]["p50_ms"]) for op in OPS
     }

@@ -428,7 +428,7 @@ def baseline_section(targets: list[list[Any]]) -> str:
                 verdict(value, 1.10),
             ]
         )
-    n = b["warm_pool"]["head"]["create"]["n"]
+    n = b["warm_pool"]["n_per_side"]
     return f"""## 5b. Before and after: the server at `{b["base"]}` beside this commit's (`{b["head"]}`)
 
 `benchmarks/baseline.py`: the baseline commit's `pandastack_local` (exported with `git archive`,

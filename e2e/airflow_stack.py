@@ -8,7 +8,6 @@ and DAGs come from two local bundles: the repository's ``dags/`` and ``e2e/dags/
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import time
@@ -19,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .procs import Proc, ProcessGroup, free_port, run, wait_for
+from tests.support.airflow_env import api_server_env
+from tests.support.waiting import wait_for
+
+from .procs import Proc, ProcessGroup, free_port, run
 from .services import REPO, PandaStack, Postgres, Redis, request_json
 
 AF_BIN = REPO / ".venv-airflow" / "bin"
@@ -44,6 +46,7 @@ def airflow_env(run_dir: Path, pg: Postgres, redis: Redis, ps: PandaStack, api_p
     ]
     conn = {"conn_type": "pandastack", "host": ps.url, "password": ps.api_key}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PANDASTACK"))}
+    env.update(api_server_env(api_port))
     env.update(
         {
             "PATH": f"{AF_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
@@ -53,15 +56,7 @@ def airflow_env(run_dir: Path, pg: Postgres, redis: Redis, ps: PandaStack, api_p
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "e2e.hostname.get",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(api_port),
-            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": base64.urlsafe_b64encode(os.urandom(32)).decode(),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": pg.url("airflow"),
             "AIRFLOW__CELERY__BROKER_URL": redis.url,
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.url("airflow"),

@@ -19,12 +19,31 @@ REPO = Path(__file__).resolve().parent.parent
 E2E_DEPLOYMENTS = [(REPO / "e2e" / "flows", "e2e_flows.py:sandbox_job", "e2e")]
 
 
-async def make_pool(name: str) -> None:
+async def make_pool(name: str, pool_type: str = "process", base_job_template: dict | None = None) -> None:
+    """Create the work pool unless it exists (a re-run of the e2e reuses its server)."""
+    pool = WorkPoolCreate(name=name, type=pool_type, base_job_template=base_job_template or {})
     async with get_client() as client:
         try:
-            await client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            await client.create_work_pool(pool)
         except ObjectAlreadyExists:
             pass
+
+
+def setup_args() -> argparse.Namespace:
+    """The setup scripts' arguments: the pool, the credentials block's name and what it holds."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pool", required=True)
+    ap.add_argument("--block", required=True)
+    ap.add_argument("--api-url", required=True)
+    ap.add_argument("--api-key", required=True)
+    return ap.parse_args()
+
+
+def save_credentials(args: argparse.Namespace) -> str:
+    """Save the credentials block; its document id."""
+    return str(
+        PandaStackCredentials(api_url=args.api_url, api_key=args.api_key).save(args.block, overwrite=True)
+    )
 
 
 def deploy(source: Path, entrypoint: str, name: str, pool: str) -> None:
@@ -35,13 +54,8 @@ def deploy(source: Path, entrypoint: str, name: str, pool: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pool", required=True)
-    ap.add_argument("--block", required=True)
-    ap.add_argument("--api-url", required=True)
-    ap.add_argument("--api-key", required=True)
-    args = ap.parse_args()
-    PandaStackCredentials(api_url=args.api_url, api_key=args.api_key).save(args.block, overwrite=True)
+    args = setup_args()
+    save_credentials(args)
     asyncio.run(make_pool(args.pool))
     for source, entrypoint, name in E2E_DEPLOYMENTS + example_deployments():
         deploy(source, entrypoint, name, args.pool)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .procs import Proc, ProcessGroup, free_port, run, wait_for
+from tests.support.waiting import wait_for
+
+from .procs import Proc, ProcessGroup, free_port, run
 from .services import REPO, PandaStack, Postgres, request_json
 
 PF_BIN = REPO / ".venv-prefect" / "bin"

@@ -13,21 +13,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 from tests.support.procs import descendants
 
-T = TypeVar("T")
-
 _used_ports: set[int] = set()
-
-
-class WaitTimeout(AssertionError):
-    """A bounded wait ran out; the message says what was awaited and the last value seen."""
 
 
 def free_port() -> int:
@@ -50,42 +42,6 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], T],
-    *,
-    timeout: float,
-    interval: float = 0.5,
-    check: Callable[[T], bool] = bool,
-    on_timeout: Callable[[], str] | None = None,
-    abort: Callable[[], str | None] | None = None,
-) -> T:
-    """Poll ``probe`` until ``check(value)`` holds; raise :class:`WaitTimeout` after ``timeout`` s.
-
-    Exceptions from ``probe`` count as "not yet" (the last one is reported).
-    ``abort`` returning a message ends the wait at once (e.g. the awaited process died).
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    last_exc: BaseException | None = None
-    while True:
-        try:
-            last = probe()
-            last_exc = None
-            if check(last):
-                return last
-        except Exception as exc:  # noqa: BLE001 - "not yet"
-            last_exc = exc
-        fatal = abort() if abort else None
-        if fatal:
-            raise WaitTimeout(f"gave up waiting for {what}: {fatal}")
-        if time.monotonic() >= deadline:
-            extra = on_timeout() if on_timeout else ""
-            detail = f"last error: {last_exc!r}" if last_exc else f"last value: {last!r}"
-            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; {detail} {extra}".strip())
-        time.sleep(interval)
 
 
 @dataclass

@@ -13,11 +13,14 @@ import shutil
 import signal
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .procs import ProcessGroup, free_port, port_open, run, wait_for
+from tests.support.waiting import wait_for
+
+from .procs import ProcessGroup, free_port, port_open, run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -205,35 +208,28 @@ class PandaStack:
 E2E_API_KEY = "pds_e2e0000000000000000000000000000"  # fixed, loopback-only, never a real key
 
 
-def start_pandastack(group: ProcessGroup, python: str) -> PandaStack:
+def start_pandastack(
+    group: ProcessGroup, python: str, name: str = "pandastack-local", extra_args: Sequence[str] = ()
+) -> PandaStack:
+    """A pandastack-local server of this run (``extra_args``: more ``serve`` options)."""
     port = free_port()
-    state = group.run_dir / "pandastack-state"
+    state = group.run_dir / f"{name}-state"
     state.mkdir()
     exe = str(Path(python).parent / "pandastack-local")
+    argv = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--api-key", E2E_API_KEY]
     group.start(
-        "pandastack-local",
-        [
-            exe,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--api-key",
-            E2E_API_KEY,
-            "--state-dir",
-            str(state),
-        ],
+        name,
+        [*argv, "--state-dir", str(state), *extra_args],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         cwd=REPO,
         ports=[port],
     )
     ps = PandaStack(f"http://127.0.0.1:{port}", E2E_API_KEY, port)
     wait_for(
-        "the local PandaStack server to answer",
+        f"the {name} server to answer",
         ps.sandboxes,
         timeout=60,
         check=lambda _: True,
-        on_timeout=lambda: group.get("pandastack-local").tail(),
+        on_timeout=lambda: group.get(name).tail(),
     )
     return ps

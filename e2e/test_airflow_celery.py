@@ -9,9 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.waiting import wait_for
+
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .browser import chromium
-from .procs import ProcessGroup, wait_for
+from .procs import ProcessGroup
 from .services import PandaStack, Postgres, Redis
 from .ui_checks import airflow_connection_form
 

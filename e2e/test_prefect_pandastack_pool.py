@@ -5,18 +5,18 @@ template carries the Prefect venv and the flow code, with egress to the Prefect 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.waiting import wait_for
+
 from .prefect_stack import PrefectStack, prefect_env, start_server
-from .procs import Proc, ProcessGroup, free_port, wait_for
-from .services import E2E_API_KEY, REPO, PandaStack, Postgres
+from .procs import Proc, ProcessGroup, free_port
+from .services import REPO, PandaStack, Postgres, start_pandastack
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -60,32 +60,12 @@ def start_sandbox_server(group: ProcessGroup, prefect_port: int) -> PandaStack:
             }
         )
     )
-    state = group.run_dir / "pool-pandastack-state"
-    state.mkdir()
-    port = free_port()
-    group.start(
+    return start_pandastack(
+        group,
+        sys.executable,
         "pandastack-local-pool",
-        [
-            str(Path(sys.executable).parent / "pandastack-local"),
-            "serve",
-            "--port",
-            str(port),
-            "--api-key",
-            E2E_API_KEY,
-            "--state-dir",
-            str(state),
-            "--template-dir",
-            str(template),
-            "--allow-egress",
-            f"127.0.0.1:{prefect_port}",
-        ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=REPO,
-        ports=[port],
+        ["--template-dir", str(template), "--allow-egress", f"127.0.0.1:{prefect_port}"],
     )
-    ps = PandaStack(f"http://127.0.0.1:{port}", E2E_API_KEY, port)
-    wait_for("the pool's PandaStack server", ps.sandboxes, timeout=60, check=lambda _: True)
-    return ps
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.procs import descendants, read_proc
+from tests.support.waiting import wait_for
 
 from .browser import chromium
 from .prefect_stack import BLOCK_NAME, WORKERS, PrefectStack, start_prefect
-from .procs import ProcessGroup, wait_for
+from .procs import ProcessGroup
 from .services import PandaStack, Postgres
 from .ui_checks import prefect_credentials_block, prefect_report_artifact
 

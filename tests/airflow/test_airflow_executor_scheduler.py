@@ -11,7 +11,6 @@ files and the test searches them for the secrets the scheduler holds.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ import pytest
 
 from pandastack_local import LocalServer
 from pandastack_local.local_server import free_port
+from tests.support.airflow_env import api_server_env
 from tests.support.dagtest import AIRFLOW_BIN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,8 +131,8 @@ def stack(airflow_db: Path) -> Iterator[Stack]:
     )
     server = LocalServer(template_dirs=[str(template)], allow_egress=[f"127.0.0.1:{api_port}"], pool_size=0)
     server.start()
-    secret = base64.urlsafe_b64encode(os.urandom(32)).decode()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PANDASTACK"))}
+    env.update(api_server_env(api_port))
     env.update(
         {
             "AIRFLOW_HOME": str(home),
@@ -140,14 +140,6 @@ def stack(airflow_db: Path) -> Iterator[Stack]:
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "airflow_provider.executors.PandaStackExecutor",
-            "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode(),
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(api_port),
-            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API_AUTH__JWT_SECRET": secret,
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             # A loaded CI machine answers slowly: the tasks' API client waits longer (passed in).

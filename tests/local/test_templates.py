@@ -10,11 +10,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandastack
 import pytest
 
-from pandastack_local import template_build
+from pandastack_local import LocalServer, template_build
 from pandastack_local.template_build import TemplateBuildError, parse_requirements
 
 
@@ -118,14 +119,20 @@ def private_cache() -> Iterator[dict[str, Path]]:
     shutil.rmtree(state, ignore_errors=True)
 
 
+def serve_with_private_cache(
+    make_local_server: Any, dirs: dict[str, Path], template: Path
+) -> tuple[LocalServer, Any, Path]:
+    """A server with only ``template`` and its own build cache; a client whose creates wait out a
+    slow (loaded) build; the cache dir."""
+    server = make_local_server(template_dirs=[str(template)], pool_size=0, **dirs)
+    return server, server.client(max_create_retry_seconds=600), dirs["cache_dir"]
+
+
 def test_user_template_from_a_requirements_file_is_built_once(
     user_templates, make_local_server, private_cache
 ) -> None:
     good, _ = user_templates
-    dirs = private_cache
-    cache = dirs["cache_dir"]
-    server = make_local_server(template_dirs=[str(good)], pool_size=0, **dirs)
-    client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
+    server, client, cache = serve_with_private_cache(make_local_server, private_cache, good)
     with client.sandboxes.create(template="withsix") as sb:
         out = sb.exec("python3 -c 'import six; print(six.__version__)'")
         assert (out.exit_code, out.stdout) == (0, "1.16.0\n"), out.stderr
@@ -148,10 +155,7 @@ def test_failed_build_names_the_package_and_the_server_keeps_serving(
     user_templates, make_local_server, private_cache
 ) -> None:
     _, broken = user_templates
-    dirs = private_cache
-    cache = dirs["cache_dir"]
-    server = make_local_server(template_dirs=[str(broken)], pool_size=0, **dirs)
-    client = server.client(max_create_retry_seconds=600)  # creates wait out a slow (loaded) build
+    _, client, cache = serve_with_private_cache(make_local_server, private_cache, broken)
     with pytest.raises(pandastack.ServerError) as err:
         client.sandboxes.create(template="broken")
     message = str(err.value)

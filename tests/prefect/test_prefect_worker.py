@@ -41,6 +41,7 @@ from prefect_blocks.worker import (
     META_WORKER,
     PandaStackWorker,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -156,16 +157,6 @@ def pool_sandboxes(server: LocalServer, pool: str) -> list[Any]:
     return [sb for sb in server.client().sandboxes.list() if (sb.metadata or {}).get(META_POOL) == pool]
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def run_worker_until(
     pool: str, done: Callable[[], bool], during: Callable[[], Any] | None = None
 ) -> None:
@@ -234,8 +225,15 @@ def test_only_what_the_flow_run_needs_enters_the_sandbox(sandbox_server: LocalSe
     seen: dict[str, str] = {}
 
     def search() -> None:
-        sb = wait_for("the flow run's sandbox", lambda: pool_sandboxes(sandbox_server, pool))[0]
-        wait_for("the flow to start", lambda: read_run(fr_id).state.type == StateType.RUNNING, 90)
+        sb = wait_for(
+            "the flow run's sandbox", lambda: pool_sandboxes(sandbox_server, pool), timeout=120, interval=0.3
+        )[0]
+        wait_for(
+            "the flow to start",
+            lambda: read_run(fr_id).state.type == StateType.RUNNING,
+            timeout=90,
+            interval=0.3,
+        )
         sandbox = sandbox_server.client(timeout=180).sandboxes.get(sb.id)
         # Everything a job could read: every process's environment and command line, every file
         # under the writable and bound directories (the venv is read-only and came from the host).
@@ -281,8 +279,15 @@ def test_cancelling_deletes_the_sandbox_and_the_run_ends_cancelled(
     timing: dict[str, float] = {}
 
     def cancel_when_running() -> None:
-        wait_for("the flow run's sandbox", lambda: pool_sandboxes(sandbox_server, pool))
-        wait_for("the flow to start", lambda: read_run(fr_id).state.type == StateType.RUNNING, 90)
+        wait_for(
+            "the flow run's sandbox", lambda: pool_sandboxes(sandbox_server, pool), timeout=120, interval=0.3
+        )
+        wait_for(
+            "the flow to start",
+            lambda: read_run(fr_id).state.type == StateType.RUNNING,
+            timeout=90,
+            interval=0.3,
+        )
         timing["cancelled"] = time.monotonic()
         anyio.from_thread.run(_cancel, fr_id)
 
@@ -310,10 +315,20 @@ def test_cli_worker_runs_a_flow_run_and_a_killed_workers_sandbox_is_swept(
         start_new_session=True,
     )
     try:
-        orphan = wait_for("the CLI worker's sandbox", lambda: pool_sandboxes(sandbox_server, pool), 180)[0]
+        orphan = wait_for(
+            "the CLI worker's sandbox",
+            lambda: pool_sandboxes(sandbox_server, pool),
+            timeout=180,
+            interval=0.3,
+        )[0]
         assert orphan.metadata[META_WORKER] == "doomed"
         assert orphan.metadata[META_FLOW_RUN] == str(fr_id)
-        wait_for("the flow to start", lambda: read_run(fr_id).state.type == StateType.RUNNING, 90)
+        wait_for(
+            "the flow to start",
+            lambda: read_run(fr_id).state.type == StateType.RUNNING,
+            timeout=90,
+            interval=0.3,
+        )
         assert read_run(fr_id).infrastructure_pid == orphan.id
     finally:
         os.killpg(worker.pid, signal.SIGKILL)

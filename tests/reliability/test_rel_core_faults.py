@@ -28,7 +28,8 @@ from pandastack_jobs import (
 )
 from tests.reliability import rel_worker
 from tests.reliability.catalogue import TEMPLATE
-from tests.reliability.probes import HostProbe, Recorder, outcome_text, secret_free, wait_for
+from tests.reliability.probes import HostProbe, Recorder, outcome_text, secret_free
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.reliability
 HERE = Path(__file__).parent
@@ -52,7 +53,12 @@ def test_sigkilled_worker_job_runs_exactly_once_more_and_delivers_once(rel_serve
     reader = threading.Thread(target=lambda: lines.extend(iter(worker.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any("started" in line for line in lines), 90, "the first try's job to start")
+        wait_for(
+            "the first try's job to start",
+            lambda: any("started" in line for line in lines),
+            timeout=90,
+            interval=0.05,
+        )
         orphan_id = next(line.split()[1] for line in lines if line.startswith("CREATED"))
         orphan_trace = host.trace(orphan_id)
         assert host.alive(orphan_trace)
@@ -238,4 +244,6 @@ def test_failed_teardown_after_a_good_result_succeeds_and_the_sweep_removes_it(
         JobSpec(command="echo '{}' > result.json", template=TEMPLATE, timeout=1, ttl=2),
     )
     assert kept.ok and kept.teardown_error, outcome_text(kept)
-    wait_for(lambda: ttl_client.sandboxes.list() == [], 60, "the TTL to reap the sandbox")
+    wait_for(
+        "the TTL to reap the sandbox", lambda: ttl_client.sandboxes.list() == [], timeout=60, interval=0.05
+    )

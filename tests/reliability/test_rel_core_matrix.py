@@ -36,8 +36,9 @@ from tests.reliability.catalogue import (
     sibling_expected,
     sibling_rows,
 )
-from tests.reliability.probes import FakeListener, Recorder, host_ip, outcome_text, secret_free, wait_for
+from tests.reliability.probes import FakeListener, Recorder, host_ip, outcome_text, secret_free
 from tests.support.procs import pids_matching, rss_and_fds
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.reliability
 
@@ -246,9 +247,19 @@ def test_escape_and_snooping_find_nothing(
                 ),
                 on_created=recorder,
             )
-            sibling_id = wait_for(lambda: recorder.traces and recorder.traces[0].sandbox_id, 60, "sibling")
+            sibling_id = wait_for(
+                "sibling",
+                lambda: recorder.traces and recorder.traces[0].sandbox_id,
+                timeout=60,
+                interval=0.05,
+            )
             sibling_sb = client.sandboxes.get(sibling_id)
-            wait_for(lambda: sibling_sb.filesystem.exists(f"/work/secret-{token}"), 60, "sibling secret")
+            wait_for(
+                "sibling secret",
+                lambda: sibling_sb.filesystem.exists(f"/work/secret-{token}"),
+                timeout=60,
+                interval=0.05,
+            )
             ip = host_ip()
             cfg = {
                 "markers": [CANARY_NAME, "PANDASTACK", "AIRFLOW", "PREFECT", "pds_"],
@@ -355,6 +366,6 @@ def test_the_guard_rails_can_fail(rel_server: Any, host: Any, client: Any) -> No
         import socket
 
         socket.create_connection(("127.0.0.1", listener.port), timeout=2).close()
-        assert wait_for(listener.accepted, 5, "a host connection") == 1
+        assert wait_for("a host connection", listener.accepted, timeout=5, interval=0.05) == 1
     finally:
         listener.close()
