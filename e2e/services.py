@@ -213,7 +213,7 @@ def start_pandastack(
 ) -> PandaStack:
     """A pandastack-local server of this run (``extra_args``: more ``serve`` options)."""
     port = free_port()
-    state = group.run_dir / f"{name}-state"
+    state = group.run_dir / f"state-{port}"  # short: agent socket paths live below it (AF_UNIX: 108 bytes)
     state.mkdir()
     exe = str(Path(python).parent / "pandastack-local")
     argv = [exe, "serve", "--host", "127.0.0.1", "--port", str(port), "--api-key", E2E_API_KEY]
