@@ -248,6 +248,14 @@ def exposed_sources(argv: list[str], sources: dict[str, str]) -> list[str]:
     return out
 
 
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
+
+
+def agent_socket_path(sandboxes_dir: Path, name: str) -> Path:
+    """Where the server listens for sandbox ``name``'s agent (bound by path: at most MAX_SOCKET_PATH)."""
+    return sandboxes_dir / name / "agent.sock"
+
+
 def spawn(
     name: str,
     template: Template,
@@ -268,7 +276,7 @@ def spawn(
     directory = sandboxes_dir / name
     directory.mkdir(parents=True, mode=0o700)
     directory.chmod(0o700)  # mkdir's mode is masked by the umask; the agent's socket is the server's alone
-    sock_path = directory / "agent.sock"
+    sock_path = agent_socket_path(sandboxes_dir, name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     seccomp_fd = seccomp.filter_fd(seccomp_program) if seccomp_program else None
     try:

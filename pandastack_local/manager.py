@@ -123,6 +123,13 @@ class SandboxManager:
 
     # ---- start-up and shutdown -------------------------------------------------
     async def start(self) -> None:
+        longest = isolation.agent_socket_path(self.sandboxes_dir, str(uuid.UUID(int=0)))
+        if len(os.fsencode(longest)) > isolation.MAX_SOCKET_PATH:
+            raise RuntimeError(
+                f"the state dir {self.state_dir} is too deep for the sandboxes' agent sockets "
+                f"({len(os.fsencode(longest))} bytes > {isolation.MAX_SOCKET_PATH}, the AF_UNIX limit): "
+                "pass a shorter --state-dir"
+            )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         reaped = isolation.reap_leftovers(self.sandboxes_dir, self.cgroups)
         if reaped:
