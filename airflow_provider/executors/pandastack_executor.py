@@ -237,6 +237,9 @@ class PandaStackExecutor(BaseExecutor):
                 "AIRFLOW__CORE__DAGS_FOLDER": self.dags_folder,
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER": GUEST_LOG_FOLDER,
+                # The sandbox parses the DAG again and checks every task's executor= against this
+                # list: without it a task with executor="PandaStackExecutor" never loads there.
+                "AIRFLOW__CORE__EXECUTOR": self.conf.get("core", "executor", fallback="") or "",
             }
         )
         # The Task SDK's API client settings, as the workers here have them (no secrets in them).

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -298,9 +299,56 @@ def test_launch_request_carries_only_the_workload_and_runtime_env(
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
         "AIRFLOW__CORE__DAGS_FOLDER",
         "AIRFLOW__CORE__LOAD_EXAMPLES",
+        "AIRFLOW__CORE__EXECUTOR",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER",
     }
     assert runtime - allowed <= {k for k in runtime if k.startswith("AIRFLOW__WORKERS__EXECUTION_API_")}
     everything = json.dumps([request.command, request.env])
     for secret in (os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"], "fernet-key-that-must-stay-home"):
         assert secret not in everything
+
+
+PER_TASK_EXECUTOR_DAG = """
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="per_task_executor", schedule=None)
+def per_task_executor():
+    task(task_id="isolated", executor="PandaStackExecutor")(lambda: 1)()
+
+
+per_task_executor()
+"""
+
+
+def test_a_task_with_executor_pandastack_parses_inside_the_sandbox(
+    executor_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sandbox's Airflow parses the DAG again and checks each task's ``executor=`` against
+    its own ``[core] executor``: the sandbox must get the scheduler's list (no secret in it)."""
+    from airflow_provider.executors import PandaStackExecutor
+
+    executors = "LocalExecutor,airflow_provider.executors.PandaStackExecutor"
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executors)
+    (tmp_path / "per_task_executor.py").write_text(PER_TASK_EXECUTOR_DAG)
+    request = PandaStackExecutor(parallelism=1).launch_request(_workload())
+    # Exactly the sandbox's environment (its AIRFLOW_HOME moved to a scratch dir on this host).
+    env = {**request.env, "AIRFLOW_HOME": str(tmp_path / "home"), "PATH": os.environ["PATH"]}
+    parse = (
+        "import json, sys; from airflow.dag_processing.dagbag import DagBag; "
+        "bag = DagBag(dag_folder=sys.argv[1]); "
+        "errors = [str(e) for e in bag.import_errors.values()]; "
+        "print(json.dumps({'dags': sorted(bag.dag_ids), 'errors': errors}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", parse, str(tmp_path)],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert parsed == {"dags": ["per_task_executor"], "errors": []}, parsed
+    assert request.env["AIRFLOW__CORE__EXECUTOR"] == executors
