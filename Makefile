@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates lint typecheck test test-conformance test-nonroot test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-conformance test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -61,6 +61,22 @@ test-nonroot: venvs templates
 		--basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
 test: lint typecheck test-airflow test-prefect test-nonroot
+
+# gVisor's runsc for `pandastack-local serve --isolation gvisor`, from Debian bookworm-backports
+# (the 2022 build in bookworm main breaks `ls`): the script derives the backports source from the
+# machine's own Debian source entry, installs, checks the version and runs a container. Fast
+# when already there.
+runsc:
+	@bash scripts/install-runsc.sh
+
+# The local server's suites again with every sandbox under gVisor (PANDASTACK_LOCAL_ISOLATION is
+# LocalServer's default backend, so each suite's server fixture follows it): tests/local,
+# tests/security and the hostile-job matrix (core + Airflow; Prefect's runs the same core
+# lifecycle). Tests whose outcome differs per backend say so.
+test-gvisor: venvs templates runsc
+	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q tests/local tests/security $(PYTEST_ARGS)
+	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
+		--ignore=tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
 
 # Wire parity with the real PandaStack server (issue 13): our conformance tests through the SDK
 # and raw HTTP against a fresh pandastack-local.

@@ -519,6 +519,45 @@ arenas under four threads, not live objects. A longer soak would confirm it leve
 """
 
 
+def gvisor_section(targets: list[list[Any]]) -> str:
+    g = load("gvisor")
+    if not g:
+        return ""
+    b, v = g["bwrap"], g["gvisor"]
+    rows = [
+        ["create from the warm pool p50 ms", b["pool_create"]["p50_ms"], v["pool_create"]["p50_ms"], "-"],
+        [
+            "cold create+start p50 ms",
+            b["cold_create"]["p50_ms"],
+            v["cold_create"]["p50_ms"],
+            SEED_CREATE_P50_MS,
+        ],
+        ["Python JSON job via `run_job` p50 ms", b["json_job"]["p50_ms"], v["json_job"]["p50_ms"], "-"],
+        ["fork p50 ms", b["fork"]["p50_ms"], v["fork"]["p50_ms"], SEED_FORK_MS],
+        ["memory per idle sandbox MiB", b["idle_memory_mib"], v["idle_memory_mib"], "-"],
+        ["CPU per JSON job ms", b["job_cpu_ms"], v["job_cpu_ms"], "-"],
+    ]
+    for label, value, target in (
+        ("(issue 15) gVisor create from the pool p50 (ms)", v["pool_create"]["p50_ms"], 10),
+        ("(issue 15) gVisor cold create+start p50 (ms)", v["cold_create"]["p50_ms"], 200),
+        ("(issue 15) gVisor JSON job via run_job p50 (ms)", v["json_job"]["p50_ms"], 150),
+        ("(issue 15) gVisor fork p50 (ms)", v["fork"]["p50_ms"], 300),
+    ):
+        targets.append([label, value, f"≤ {target}", verdict(value, target)])
+    return f"""## 8. bwrap beside gVisor (issue 15)
+
+`benchmarks/gvisor.py`: each backend on its own pandastack-local in the same run, N =
+{v["pool_create"]["n"]} per figure. Fork is bwrap's cold fork (a new sandbox + the parent's
+disk copied) against gVisor's checkpoint + restore (memory, processes and files copied). Memory
+is the sandbox's memory cgroup usage when idle; CPU is its processes' CPU time while one JSON job runs.
+The seed's column is PandaStack's Firecracker microVMs (snapshot restore; same-host fork).
+
+{table(["figure", "bwrap", "gVisor", "seed (Firecracker)"], rows)}
+
+What each boundary stops and when to pick which: docs/local-server.md, "Isolation backends".
+"""
+
+
 def write_report() -> Path:
     run = load("run")
     targets: list[list[Any]] = []
@@ -533,6 +572,7 @@ def write_report() -> Path:
         baseline_section(targets),
         memory_section(),
         templates_section(targets),
+        gvisor_section(targets),
     ]
     steps = run.get("steps", {})
     n_line = ", ".join(

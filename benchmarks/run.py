@@ -42,6 +42,7 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("warm", AF, "benchmarks.warm", ["--rounds", "6"], ["--rounds", "2"]),
     ("scale", AF, "benchmarks.scale", ["--jobs", "200"], ["--jobs", "40"]),
     ("memory", AF, "benchmarks.memory", ["--jobs", "1000"], ["--jobs", "200"]),
+    ("gvisor", AF, "benchmarks.gvisor", ["--n", "20"], ["--n", "5"]),
 ]  # fmt: skip
 
 

@@ -43,6 +43,10 @@ TAR_OVERHEAD_BYTES = 1024 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
+# Checkpointing (gVisor fork): how long the agent waits for other requests to finish, and the
+# file the server creates beside the socket when the agent may listen again.
+QUIESCE_WAIT_SECONDS = 5.0
+RESUME_FILE = "resume"
 # Every exec runs first in line for the kernel's OOM killer, so a job that fills its sandbox's
 # memory (even with tmpfs pages, which are in no process's RSS) is killed (exit 137), not the agent.
 OOM_FIRST = "echo 1000 >/proc/self/oom_score_adj 2>/dev/null; "
@@ -467,12 +471,14 @@ def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
 OPS = {"exec": op_exec, "tar_out": op_tar_out, "tar_in": op_tar_in}
 
 
-def handle(conn: socket.socket) -> None:
+def handle(conn: socket.socket, listener: Listener | None = None) -> None:
     try:
         _kind, payload = recv_frame(conn)
         req = json.loads(payload)
         if req.get("op") == "ping":
             conn.sendall(pack_json({"ok": True, "pid": os.getpid()}))
+        elif req.get("op") == "quiesce" and listener is not None:
+            listener.quiesce(conn)
         elif req.get("op") in OPS:
             OPS[req["op"]](conn, req)
         else:
@@ -536,25 +542,112 @@ def _copy_tree(src: str, dst: str) -> None:
                 shutil.copy2(s, os.path.join(target, f))
 
 
+class Listener:
+    """The agent's listening socket and its accept loop.
+
+    bwrap hands the agent a listening fd. Under gVisor the agent binds a path in a directory
+    bound from the host (``runsc --host-uds=create``) and can give it up for a checkpoint: a
+    host socket open in the sandbox would make the image unrestorable (see ``quiesce``).
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.path = "" if spec.isdigit() else spec
+        self.sock = socket.socket(fileno=int(spec)) if not self.path else self._bind()
+        self.sock.set_inheritable(False)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.quiescing = threading.Event()
+        self.closed = threading.Event()
+        self.lock = threading.Lock()
+        self.open_conns = 0
+
+    def _bind(self) -> socket.socket:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        sock.listen(128)
+        return sock
+
+    def serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.sock, selectors.EVENT_READ)
+        sel.register(self.wake_r, selectors.EVENT_READ)
+        while True:
+            sel.select()
+            if self.quiescing.is_set():
+                sel.unregister(self.sock)
+                self.sock.close()
+                self.closed.set()
+                self._await_resume()
+                self.sock = self._bind()
+                sel.register(self.sock, selectors.EVENT_READ)
+                continue
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # EMFILE and the like: the agent must outlive a burst of requests
+                time.sleep(0.05)
+                continue
+            with self.lock:
+                self.open_conns += 1
+            try:
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no thread to be had (the sandbox's pids limit): refuse this one
+                self._done()
+                conn.close()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            handle(conn, self)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self.lock:
+            self.open_conns -= 1
+
+    def _await_resume(self) -> None:
+        """Wait for the server's go-ahead (a file beside the socket) before listening again:
+        in the checkpointed parent once its image is written, in a restored child at once."""
+        go = os.path.join(os.path.dirname(self.path), RESUME_FILE)
+        while not os.path.exists(go):
+            time.sleep(0.002)
+        try:
+            while os.read(self.wake_r, 64):
+                pass
+        except BlockingIOError:
+            pass
+        self.quiescing.clear()
+
+    def quiesce(self, conn: socket.socket) -> None:
+        """Close the listener and let every other connection finish, then say so: the server
+        closes this last connection and checkpoints a sandbox with no host socket open."""
+        if not self.path:
+            conn.sendall(pack_json({"error": "quiesce needs a listening path (the gVisor backend)"}))
+            return
+        self.quiescing.set()
+        os.write(self.wake_w, b"q")
+        self.closed.wait(QUIESCE_WAIT_SECONDS)
+        deadline = time.monotonic() + QUIESCE_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.open_conns <= 1:
+                    conn.sendall(pack_json({"ok": True}))
+                    return
+            time.sleep(0.005)
+        conn.sendall(pack_json({"error": "sandbox busy: a request is still running", "errno": "EBUSY"}))
+
+
 def main() -> None:
-    listen_fd = int(sys.argv[1])
     limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     _setup(limits)
     GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
-    server = socket.socket(fileno=listen_fd)
-    server.set_inheritable(False)
+    listener = Listener(sys.argv[1])
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:  # EMFILE and the like: the agent must outlive a burst of requests
-            time.sleep(0.05)
-            continue
-        try:
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-        except RuntimeError:  # no thread to be had (the sandbox's pids limit): refuse this one
-            conn.close()
+    listener.serve()
 
 
 if __name__ == "__main__":

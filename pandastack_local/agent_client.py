@@ -22,6 +22,8 @@ from .agent import (
     pack_json,
 )
 
+QUIESCE_CLOSE_SECONDS = 5.0
+
 
 class AgentUnavailable(Exception):
     """The sandbox's agent cannot be reached: the sandbox is gone or dying."""
@@ -163,3 +165,16 @@ async def copy_disk(src_socket: Path, dst_socket: Path, max_bytes: int) -> None:
     finally:
         src.close()
         dst.close()
+
+
+async def quiesce(socket_path: Path) -> None:
+    """Ask the agent to give up its listener (a checkpoint must hold no host socket), then wait
+    until it has closed this last connection too."""
+    conn = await Connection.open(socket_path, {"op": "quiesce"})
+    try:
+        await conn.result()
+        await asyncio.wait_for(conn.reader.read(), QUIESCE_CLOSE_SECONDS)
+    except asyncio.TimeoutError:
+        raise AgentUnavailable("sandbox agent did not close its connection for the checkpoint") from None
+    finally:
+        conn.close()

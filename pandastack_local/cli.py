@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from .backends import DEFAULT_ISOLATION, ISOLATIONS
 from .config import (
     API_KEY_ENV,
     DEFAULT_MAX_SANDBOXES,
@@ -51,6 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="HOST:PORT",
         help="make this host endpoint reachable from inside every sandbox (repeatable)",
+    )
+    serve.add_argument(
+        "--isolation",
+        choices=ISOLATIONS,
+        default=DEFAULT_ISOLATION,
+        help="the boundary around each sandbox: bwrap (namespaces + seccomp, default) or gvisor "
+        "(runsc's user-space kernel; needs a root server and runsc: make runsc)",
+    )
+    serve.add_argument(
+        "--runsc", default=None, metavar="PATH", help="gVisor's runsc (default: runsc on PATH)"
     )
     serve.add_argument("--log-level", default="warning")
     serve.add_argument("--cache-dir", type=Path, default=None, help="built templates (default ~/.cache/...)")
@@ -107,6 +118,16 @@ def main(argv: list[str] | None = None) -> None:
         parse_rules(args.allow_egress)
     except EgressError as exc:
         parser.error(str(exc))
+    if args.isolation == "gvisor":
+        from .gvisor import RunscUnavailable, check_runsc
+
+        if args.allow_egress:
+            parser.error("--allow-egress is not supported with --isolation gvisor (no network at all)")
+        try:
+            check_runsc(args.runsc)
+        except RunscUnavailable as exc:
+            print(f"pandastack-local: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
     logging.basicConfig(level=logging.INFO, format="pandastack-local: %(message)s", stream=sys.stderr)
     # Before any thread exists: a mount namespace cannot be unshared by a multi-threaded process.
     try:
@@ -139,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
         pool_size=max(args.pool_size, 0),
         allow_egress=tuple(args.allow_egress),
         cache_dir=args.cache_dir,
+        isolation=args.isolation,
+        runsc=args.runsc,
     )
     print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(

@@ -49,3 +49,7 @@ class ServerConfig:
     allow_egress: tuple[str, ...] = ()
     # Built template environments (None: ~/.cache/pandastack-local), shared across servers.
     cache_dir: Path | None = None
+    # The boundary around each sandbox: "bwrap" (default) or "gvisor" (backends.py).
+    isolation: str = "bwrap"
+    # gVisor's runsc (None: runsc on PATH).
+    runsc: str | None = None

@@ -300,26 +300,11 @@ def spawn(
         if host_uid is not None:
             # Drop to the sandbox's host uid (no supplementary groups) right before bwrap.
             argv = [SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", *argv]
-        env = {"PATH": "/usr/bin:/bin"}
-        if procs_files:
-            # Join the cgroups first, then exec bwrap: nothing of the sandbox runs unlimited.
-            env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
-            argv = [
-                "/bin/sh",
-                "-c",
-                'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; exec "$@"',
-                "sh",
-                *argv,
-            ]
         try:
-            proc = subprocess.Popen(
+            proc = launch(
                 argv,
-                pass_fds=(listener.fileno(), args_r, *([seccomp_fd] if seccomp_fd is not None else [])),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
-                env=env,
-                cwd="/",
+                procs_files,
+                (listener.fileno(), args_r, *([seccomp_fd] if seccomp_fd is not None else [])),
             )
         finally:
             os.close(args_r)
@@ -329,6 +314,35 @@ def spawn(
             os.close(seccomp_fd)
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
     return SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
+
+
+def launch(
+    argv: list[str], procs_files: list[Path], pass_fds: tuple[int, ...] = (), pdeathsig: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
+    ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
+    spawning thread dies (bwrap has --die-with-parent of its own)."""
+    if pdeathsig:
+        argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
+    env = {"PATH": "/usr/bin:/bin"}
+    if procs_files:
+        env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
+        argv = [
+            "/bin/sh",
+            "-c",
+            'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; exec "$@"',
+            "sh",
+            *argv,
+        ]
+    return subprocess.Popen(
+        argv,
+        pass_fds=pass_fds,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
+        env=env,
+        cwd="/",
+    )
 
 
 def host_descendants(pid: int) -> list[int]:
@@ -377,7 +391,7 @@ def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
             record = directory / "record.json"
             with contextlib.suppress(OSError, ValueError):
                 pid = int(json.loads(record.read_text())["pid"])
-                if _is_bwrap(pid):
+                if _is_sandbox_init(pid):
                     for victim in [pid, *host_descendants(pid)]:
                         with contextlib.suppress(OSError):
                             os.kill(victim, signal.SIGKILL)
@@ -386,9 +400,11 @@ def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
     return sorted(reaped)
 
 
-def _is_bwrap(pid: int) -> bool:
+def _is_sandbox_init(pid: int) -> bool:
+    """bwrap's, or the gVisor backend's runsc (a pid reused by anything else is left alone)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"bwrap" in f.read()
+            cmdline = f.read()
+            return b"bwrap" in cmdline or b"runsc" in cmdline
     except OSError:
         return False

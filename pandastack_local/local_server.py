@@ -29,6 +29,9 @@ START_TIMEOUT_SECONDS = 30.0
 # Modes ``_grant_access`` changed, shared by every LocalServer of this process: {path: [old mode, users]}.
 _GRANTED: dict[Path, list[int]] = {}
 SERVER_USER_ENV = "PANDASTACK_LOCAL_SERVER_USER"
+# The default isolation backend of LocalServer (the test suites' one switch): bwrap or gvisor.
+ISOLATION_ENV = "PANDASTACK_LOCAL_ISOLATION"
+RUNSC_ENV = "PANDASTACK_LOCAL_RUNSC"
 
 
 def free_port() -> int:
@@ -58,9 +61,15 @@ class LocalServer:
         allow_egress: tuple[str, ...] | list[str] = (),
         user: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        isolation: str | None = None,
+        runsc: str | None = None,
     ) -> None:
         """``user``: run the server as this unprivileged host user (the caller must be root; the
-        test harness's non-root leg). Default: ``$PANDASTACK_LOCAL_SERVER_USER``, else the caller."""
+        test harness's non-root leg). Default: ``$PANDASTACK_LOCAL_SERVER_USER``, else the caller.
+        ``isolation``: "bwrap" or "gvisor" (default ``$PANDASTACK_LOCAL_ISOLATION``, else bwrap);
+        ``runsc``: gVisor's runsc (default ``$PANDASTACK_LOCAL_RUNSC``, else runsc on PATH)."""
+        self.isolation = isolation or os.environ.get(ISOLATION_ENV) or "bwrap"
+        self.runsc = runsc or os.environ.get(RUNSC_ENV) or None
         self.api_key = api_key or generate_api_key()
         self.max_sandboxes = max_sandboxes
         self.ttl_scan_interval = ttl_scan_interval
@@ -91,7 +100,9 @@ class LocalServer:
             argv += ["--memory-budget-mb", str(self.memory_budget_mb)]
         if self.pool_size is not None:
             argv += ["--pool-size", str(self.pool_size)]
-        argv += ["--cache-dir", str(self.cache_dir)]
+        argv += ["--cache-dir", str(self.cache_dir), "--isolation", self.isolation]
+        if self.runsc:
+            argv += ["--runsc", self.runsc]
         for directory in self.template_dirs:
             argv += ["--template-dir", directory]
         for endpoint in self.allow_egress:

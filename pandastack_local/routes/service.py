@@ -14,9 +14,14 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(manager: Manager) -> dict[str, Any]:
-    return {"status": "ok", "sandboxes": len(manager.sandboxes)}
+    return {"status": "ok", "sandboxes": len(manager.sandboxes), "isolation": manager.backend.name}
 
 
 @router.get("/version")
 async def version(manager: Manager) -> dict[str, Any]:
-    return {"version": __version__, "server": "pandastack-local", "isolation": manager.cgroups.summary()}
+    return {
+        "version": __version__,
+        "server": "pandastack-local",
+        "isolation": manager.backend.name,
+        "isolation_detail": f"{manager.backend.describe()}; {manager.cgroups.summary()}",
+    }

@@ -90,7 +90,9 @@ def egress_server(echoes: dict[str, EchoServer]) -> Iterator[LocalServer]:
     if "external" in echoes:
         ext = echoes["external"]
         allow.append(f"{ext.sock.getsockname()[0]}:{ext.port}")
-    with LocalServer(allow_egress=allow, pool_size=1) as server:
+    # The egress relay is bwrap's (gVisor's sandboxes have no network, and a gVisor server refuses
+    # --allow-egress: tests/local/test_gvisor.py), so this server is bwrap under either leg.
+    with LocalServer(allow_egress=allow, pool_size=1, isolation="bwrap") as server:
         yield server
 
 

@@ -12,6 +12,7 @@ import pandastack
 import pytest
 
 from tests.support.procs import pids_matching
+from tests.support.server import GVISOR
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 FORK_BOMB = """
@@ -61,7 +62,9 @@ def test_memory_hog_is_killed_and_neighbours_are_fine(small_client, small_server
         result = hog.exec(
             "python3 -c 'b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))'", timeout_seconds=60
         )
-        if "memory" in small_server.active_limits():
+        if GVISOR:  # gVisor's sentry fails the job's allocation; the host OOM killer is not reached
+            assert result.exit_code != 0, result
+        elif "memory" in small_server.active_limits():
             assert result.exit_code == 137, result  # the cgroup's OOM killer
         else:  # non-root on cgroup v1: RLIMIT_AS, the allocation fails inside the job
             assert result.exit_code == 1 and "MemoryError" in result.stderr, result
@@ -79,10 +82,18 @@ def test_fork_bomb_is_contained(small_client, small_server) -> None:
     sibling = small_client.sandboxes.create(template="small")
     try:
         bomb.filesystem.write("/work/bomb.py", FORK_BOMB)
-        result = bomb.exec("python3 /work/bomb.py", timeout_seconds=30)
-        assert "wall at" in result.stdout, result
-        count = int(result.stdout.split("wall at")[1].split()[0])
-        assert count < 64
+        try:
+            result = bomb.exec("python3 /work/bomb.py", timeout_seconds=30)
+        except pandastack.ServerError as exc:
+            # gVisor only: RLIMIT_NPROC is the jobs' wall there, but 64 Pythons can pass this
+            # 256 MB template's memory first, and the host's OOM killer then takes the whole
+            # sentry: that sandbox fails (500, then "failed"); its neighbours and the server do not.
+            assert GVISOR and "not running" in str(exc), exc
+            assert small_client.sandboxes.get(bomb.id).status == "failed"
+        else:
+            assert "wall at" in result.stdout, result
+            count = int(result.stdout.split("wall at")[1].split()[0])
+            assert count < 64
         assert sibling.exec("echo fine").stdout == "fine\n"
         assert small_server.running()
     finally:
@@ -99,13 +110,15 @@ def test_background_process_lives_until_delete(small_client) -> None:
         assert sb.exec("ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline").exit_code == 0
         # A later exec still sees it: execs share the sandbox's namespaces.
         assert marker in sb.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
-        assert pids_matching(marker), "background process should be running on the host"
+        # Under gVisor the job's processes live in the sentry: the host sees runsc's, named by id.
+        probe = sb.id if GVISOR else marker
+        assert pids_matching(probe), "background process should be running on the host"
     finally:
         sb.kill()
     deadline = time.monotonic() + 5
-    while pids_matching(marker) and time.monotonic() < deadline:
+    while pids_matching(probe) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not pids_matching(marker), "background process survived its sandbox"
+    assert not pids_matching(probe), "background process survived its sandbox"
 
 
 def test_host_files_and_other_sandboxes_are_invisible(small_client, tmp_path) -> None:
@@ -228,9 +241,11 @@ def test_host_kernel_interfaces_are_locked(small_client) -> None:
         before = Path("/proc/sys/kernel/core_pattern").read_text()
         assert sb.exec("echo '|/tmp/x' > /proc/sys/kernel/core_pattern").exit_code != 0
         assert Path("/proc/sys/kernel/core_pattern").read_text() == before
-        assert sb.exec("unshare -U -r true").exit_code != 0  # no nested user namespace
+        # No nested user namespace under bwrap; under gVisor one is the sentry's own, no host kernel's.
+        assert (sb.exec("unshare -U -r true").exit_code != 0) is not GVISOR
         assert sb.exec("mount -t tmpfs x /mnt 2>&1").exit_code != 0
-        assert sb.exec("ls /sys 2>&1").exit_code != 0 or sb.exec("ls /sys").stdout == ""
+        if not GVISOR:  # gVisor's /sys is the sentry's synthetic, read-only one
+            assert sb.exec("ls /sys 2>&1").exit_code != 0 or sb.exec("ls /sys").stdout == ""
     finally:
         sb.kill()
 

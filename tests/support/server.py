@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The suites' one backend switch: LocalServer's default isolation (bwrap unless set to gvisor).
+ISOLATION = os.environ.get("PANDASTACK_LOCAL_ISOLATION") or "bwrap"
+GVISOR = ISOLATION == "gvisor"
 
 
 def write_template(directory: Path, files: dict[str, str] | None = None, **spec: object) -> Path:

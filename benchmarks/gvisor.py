@@ -1,0 +1,153 @@
+"""(issue 15) bwrap beside gVisor, in one run: what the guest-kernel boundary costs here.
+
+Run: ``python -m benchmarks.gvisor [--n N]``. For each backend, its own pandastack-local:
+create from the warm pool, a cold create (pool off), the Python JSON job through
+``run_job``, fork (bwrap: a cold sandbox + the parent's disk copied; gVisor: checkpoint +
+restore, memory copied), the memory one idle sandbox holds (its memory cgroup's usage) and
+the CPU one JSON job costs (its sandbox's processes' CPU time while the job runs). The report sets the
+seed's Firecracker figures beside them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import JOB_CODE, JOB_INPUT, log, machine, summary, timed, write_json
+from benchmarks.options import int_options
+from benchmarks.overhead import core_job
+
+BACKENDS = ("bwrap", "gvisor")
+POOL_REFILL_WAIT_S = 30.0
+
+
+def cgroup_file(sandbox_id: str, name: str) -> Path | None:
+    """A v1 cgroup file of the sandbox (memory.usage_in_bytes, cgroup.procs), if there is one.
+    Other servers add and remove cgroups during the walk: a vanished directory is skipped."""
+    for base in Path("/sys/fs/cgroup").iterdir():
+        for parent, dirs, _ in os.walk(base, onerror=lambda _exc: None):
+            if sandbox_id in dirs and (Path(parent) / sandbox_id / name).exists():
+                return Path(parent) / sandbox_id / name
+    return None
+
+
+def pool_creates(server: Any, n: int) -> list[float]:
+    """Each create taken from a full pool: wait until the pool hands over before timing the next."""
+    client = server.client()
+    samples: list[float] = []
+    deadline = time.monotonic() + POOL_REFILL_WAIT_S * n
+    while len(samples) < n and time.monotonic() < deadline:
+        started = time.perf_counter()
+        sb = client.sandboxes.create()
+        took = time.perf_counter() - started
+        if sb.boot_mode == "pool":
+            samples.append(took)
+        sb.kill()
+        time.sleep(1.0)  # let the pool refill (a gVisor start is ~0.5 s on two busy cores)
+    return samples
+
+
+def forks(client: Any, n: int) -> list[float]:
+    parent = client.sandboxes.create()
+    try:
+        parent.exec("python3 -c 'import json' && echo warm > /work/state")
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            (child,) = client.sandboxes.fork_tree(parent.id, 1)
+            samples.append(time.perf_counter() - started)
+            child.kill()
+        return samples
+    finally:
+        parent.kill()
+
+
+def idle_memory_mib(client: Any, count: int = 3) -> float:
+    sandboxes = [client.sandboxes.create() for _ in range(count)]
+    try:
+        time.sleep(1.0)
+        used = []
+        for sb in sandboxes:
+            path = cgroup_file(sb.id, "memory.usage_in_bytes")
+            if path is not None:
+                used.append(int(path.read_text()) / 2**20)
+        return round(sum(used) / len(used), 1) if used else float("nan")
+    finally:
+        for sb in sandboxes:
+            sb.kill()
+
+
+def cgroup_cpu_ms(procs: Path) -> float:
+    """CPU time (user + system, with reaped children) of every process in the cgroup: bwrap's
+    agent (its execs are reaped children) or gVisor's runsc, sentry, gofer and stubs."""
+    ticks = 0
+    for pid in procs.read_text().split():
+        try:
+            data = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = data[data.rfind(")") + 2 :].split()
+        ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def job_cpu_ms(client: Any, n: int) -> float:
+    """CPU time one JSON job costs its sandbox (write the files, run, read the result)."""
+    import json
+
+    samples = []
+    for _ in range(n):
+        sb = client.sandboxes.create()
+        try:
+            procs = cgroup_file(sb.id, "cgroup.procs")
+            if procs is None:
+                return float("nan")
+            before = cgroup_cpu_ms(procs)
+            sb.filesystem.write("/work/run.py", JOB_CODE)
+            sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT))
+            assert sb.exec("cd /work && python3 run.py").exit_code == 0
+            sb.filesystem.read("/work/result.json")
+            samples.append(cgroup_cpu_ms(procs) - before)
+        finally:
+            sb.kill()
+    samples.sort()
+    return round(samples[len(samples) // 2], 1)
+
+
+def measure(isolation: str, n: int) -> dict[str, Any]:
+    from pandastack_local import LocalServer
+
+    out: dict[str, Any] = {}
+    with LocalServer(isolation=isolation, pool_size=2) as server:
+        client = server.client()
+        time.sleep(3)
+        out["pool_create"] = summary(pool_creates(server, n))
+        out["json_job"] = summary([timed(lambda: core_job(client)) for _ in range(n)])
+        out["fork"] = summary(forks(client, n))
+        out["idle_memory_mib"] = idle_memory_mib(client)
+        out["job_cpu_ms"] = job_cpu_ms(client, max(3, n // 2))
+    with LocalServer(isolation=isolation, pool_size=0) as server:
+        client = server.client()
+        cold = []
+        for _ in range(n):
+            started = time.perf_counter()
+            sb = client.sandboxes.create()
+            cold.append(time.perf_counter() - started)
+            sb.kill()
+        out["cold_create"] = summary(cold)
+    return out
+
+
+def main() -> None:
+    args = int_options(n=10)
+    data: dict[str, Any] = {"machine": machine()}
+    for isolation in BACKENDS:
+        log(f"gvisor: {isolation}, N = {args.n}")
+        data[isolation] = measure(isolation, args.n)
+    log(f"gvisor written to {write_json('gvisor', data)}")
+
+
+if __name__ == "__main__":
+    main()

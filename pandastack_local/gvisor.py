@@ -1,0 +1,304 @@
+"""The gVisor backend: every sandbox is a ``runsc`` container with a user-space kernel.
+
+Each sandbox gets an OCI bundle under its host dir: a shared empty skeleton as
+its read-only root (gVisor overlays it in memory, so the root's writes are
+charged to the sandbox's memory), the host's ``/usr`` read-only, the guest
+files and template environments read-only, ``/tmp`` a tmpfs capped at the
+template's disk, ``--network=none``. Its init is the same agent as bwrap's; the
+agent binds its unix socket in a directory bound from the host
+(``--host-uds=create``), so the server speaks the same frames over it.
+
+``runsc run`` stays in the foreground as the server's child (its sandbox and
+gofer are its children), inside the sandbox's cgroups (joined before exec, as
+for bwrap; ``--ignore-cgroups`` keeps runsc from moving itself), with
+``PDEATHSIG`` so a dead server takes it along. Delete is SIGKILL to that tree
+plus the cgroup sweep, then the host dir (bundle, runsc state, socket, images).
+
+Fork copies memory: the agent gives up its listener (a host socket in an image
+makes it unrestorable), ``runsc checkpoint --leave-running`` writes the image,
+the parent's agent listens again, and ``runsc restore`` starts each child from
+the image with its own bundle and socket dir. No process is ever started by
+``runsc exec`` (the agent owns every process), which is what a restore needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from . import isolation, pythonenv
+from .agent import RESUME_FILE
+from .cgroups import Cgroups
+from .templates import Template
+
+MIN_RUNSC_DATE = "20240729"
+INSTALL_HINT = (
+    "install a working runsc with `make runsc` from the pandastack-workflows checkout (Debian 12: "
+    "apt-get install -t bookworm-backports runsc), or pass --runsc PATH"
+)
+# The agent's socket dir inside the sandbox (bound read-write from the sandbox's host dir).
+GUEST_SOCKET_DIR = "/.pandastack-sock"
+# Global runsc flags, the same for run, checkpoint and restore.
+RUNSC_FLAGS = (
+    "--network=none",
+    "--host-uds=create",
+    "--overlay2=root:memory",
+    "--ignore-cgroups",
+    "--platform=systrap",
+)
+CHECKPOINT_TIMEOUT_SECONDS = 60.0
+# Host threads of one sandbox's runsc, sentry and gofer (Go runtimes) on top of its guest's.
+SENTRY_PIDS = 256
+# Top-level names of the skeleton root (mount points and the jobs' usual directories).
+_SKELETON_DIRS = ("proc", "dev", "sys", "tmp", "var/tmp", "work", "root", "etc", "usr", "opt", "run")
+
+
+class RunscUnavailable(RuntimeError):
+    """No usable runsc: the message says how to get one."""
+
+
+def check_runsc(runsc: str | None) -> tuple[str, str]:
+    """(path, version) of a usable runsc, or RunscUnavailable naming the fix."""
+    found = shutil.which(runsc or "runsc")
+    if not found:
+        where = f"{runsc!r} is not an executable" if runsc else "no runsc on PATH"
+        raise RunscUnavailable(f"--isolation gvisor needs gVisor's runsc ({where}): {INSTALL_HINT}")
+    try:
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RunscUnavailable(f"{found} --version failed ({exc}): {INSTALL_HINT}") from None
+    match = re.search(r"runsc version (\S+)", out.stdout)
+    date = re.search(r"(\d{8})", match.group(1)) if match else None
+    if match is None or date is None:
+        raise RunscUnavailable(f"{found} does not look like gVisor's runsc: {INSTALL_HINT}")
+    if date.group(1) < MIN_RUNSC_DATE:
+        raise RunscUnavailable(
+            f"runsc {match.group(1)} at {found} is older than 0.0~{MIN_RUNSC_DATE} (the 2022 build "
+            f"breaks listing directories): {INSTALL_HINT}"
+        )
+    if os.geteuid() != 0:
+        raise RunscUnavailable(
+            "--isolation gvisor needs a root server: runsc sets up each sandbox's namespaces, "
+            "chroot and cgroup limits as root (rootless runsc applies no cgroup limits). Run the "
+            "server as root, or use --isolation bwrap, which runs unprivileged"
+        )
+    return found, match.group(1)
+
+
+def _bind(source: str, destination: str, writable: bool = False) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "rw" if writable else "ro", "nosuid", "nodev"],
+    }
+
+
+def oci_mounts_and_env(args: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """bwrap's ``--ro-bind SRC DEST`` and ``--setenv K V`` (the template's view) as OCI mounts + env."""
+    mounts: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        if args[i] == "--ro-bind":
+            mounts.append(_bind(args[i + 1], args[i + 2]))
+            i += 3
+        elif args[i] == "--setenv":
+            env[args[i + 1]] = args[i + 2]
+            i += 3
+        else:
+            raise ValueError(f"no OCI equivalent for bwrap argument {args[i]!r}")
+    return mounts, env
+
+
+def oci_config(
+    template: Template, guest_dir: Path, rootfs: Path, sock_dir: Path, limits: dict[str, int]
+) -> dict[str, Any]:
+    """The sandbox's config.json: the agent as init, read-only system view, capped /tmp."""
+    root_bytes, shm_bytes = isolation.disk_split(template.disk_mb * 1024 * 1024)
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": [f"size={shm_bytes}"]},
+        # gVisor's own (synthetic) sysfs, read-only; no host file behind it.
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "ro"]},
+        # The jobs' scratch dirs, each a tmpfs capped at the disk size (the rest of the root is
+        # gVisor's memory overlay, bounded by the sandbox's memory limit).
+        *(
+            {
+                "destination": d,
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": [f"size={root_bytes}", f"mode={mode}"],
+            }
+            for d, mode in (("/tmp", "1777"), ("/work", "755"))
+        ),
+        _bind("/usr", "/usr"),
+        _bind(str(guest_dir), "/.pandastack"),
+        _bind(str(sock_dir), GUEST_SOCKET_DIR, writable=True),
+    ]
+    if (guest_dir / "alternatives").is_dir():
+        mounts.append(_bind(str(guest_dir / "alternatives"), "/etc/alternatives"))
+    if template.rootfs is not None:
+        mounts.append(_bind(str(template.rootfs), "/.pandastack-rootfs"))
+    binds, _ = oci_mounts_and_env(pythonenv.bind_args(template))
+    software, template_env = oci_mounts_and_env(template.guest_args())
+    env = {"PATH": pythonenv.guest_path(template), "HOME": "/root", "LANG": "C.UTF-8", **template_env}
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "args": [
+                isolation.GUEST_PYTHON,
+                "-I",
+                "-S",
+                "/.pandastack/agent.py",
+                f"{GUEST_SOCKET_DIR}/agent.sock",
+                json.dumps(limits),
+            ],
+            "cwd": "/root",
+            "user": {"uid": 0, "gid": 0},
+            "env": [f"{k}={v}" for k, v in env.items()],
+            # No capabilities, like bwrap's --cap-drop ALL; no privilege gain through exec.
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": []},
+            "noNewPrivileges": True,
+        },
+        # Writable only through gVisor's memory overlay (--overlay2=root:memory): the host dir stays as is.
+        "root": {"path": str(rootfs), "readonly": False},
+        "hostname": "sandbox",
+        "mounts": mounts + binds + software,
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+        },
+    }
+
+
+def prepare_skeleton(path: Path) -> Path:
+    """The empty root every gVisor sandbox shares read-only: mount points and the host's
+    top-level symlinks (/bin -> usr/bin on a merged-/usr host)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    for name in _SKELETON_DIRS:
+        (path / name).mkdir(parents=True, exist_ok=True)
+    for name in (".pandastack", ".pandastack-rootfs", GUEST_SOCKET_DIR.lstrip("/")):
+        (path / name).mkdir()
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = Path("/") / name
+        if host.is_symlink():
+            (path / name).symlink_to(os.readlink(host))
+    (path / "tmp").chmod(0o1777)
+    (path / "var" / "tmp").chmod(0o1777)
+    return path
+
+
+class GvisorBackend:
+    """Sandboxes as runsc containers (see the module docstring)."""
+
+    name = "gvisor"
+    memory_fork = True
+
+    def __init__(self, cgroups: Cgroups, runsc: str | None) -> None:
+        self.cgroups = cgroups
+        self.runsc, self.version = check_runsc(runsc)
+        self.guest_dir = Path()
+        self.rootfs = Path()
+
+    def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
+        return sandboxes_dir / name / "s" / "agent.sock"
+
+    def describe(self) -> str:
+        return f"gvisor (runsc {self.version}, systrap)"
+
+    def start(self, guest_dir: Path, templates: list[Template]) -> None:
+        self.guest_dir = guest_dir
+        self.rootfs = prepare_skeleton(guest_dir.parent / "gvisor-root")
+
+    def expose_built(self, path: Path) -> None:
+        """runsc runs as root and reads every bind source where it is."""
+
+    def _runsc(self, directory: Path, *args: str) -> list[str]:
+        return [self.runsc, "--root", str(directory / "runsc"), *RUNSC_FLAGS, *args]
+
+    def _launch(
+        self, name: str, template: Template, sandboxes_dir: Path, command: list[str], resume: bool
+    ) -> isolation.SandboxProcess:
+        directory = sandboxes_dir / name
+        directory.mkdir(parents=True, mode=0o700)
+        directory.chmod(0o700)
+        sock_dir = directory / "s"
+        sock_dir.mkdir(mode=0o700)
+        if resume:  # a restored agent waits for this before listening again
+            (sock_dir / RESUME_FILE).touch()
+        bundle = directory / "bundle"
+        bundle.mkdir()
+        limits: dict[str, int] = {"nofile": template.nofile, "nproc": template.pids_max}
+        if "memory" not in self.cgroups.bases:
+            limits["as_bytes"] = template.memory_mb * 1024 * 1024
+        config = oci_config(template, self.guest_dir, self.rootfs, sock_dir, limits)
+        (bundle / "config.json").write_text(json.dumps(config))
+        # The host's pids wall also counts the sentry's and gofer's threads and one systrap stub
+        # per guest process: room for those, while RLIMIT_NPROC (which gVisor enforces even for
+        # its root) is the jobs' wall, so a fork bomb gets EAGAIN instead of crashing the sentry.
+        host_pids = 2 * template.pids_max + SENTRY_PIDS
+        procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
+        argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
+        proc = isolation.launch(argv, procs_files, pdeathsig=True)
+        (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
+        return isolation.SandboxProcess(
+            name=name, proc=proc, directory=directory, socket_path=self.socket_path(sandboxes_dir, name)
+        )
+
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+        return self._launch(name, template, sandboxes_dir, ["run"], resume=False)
+
+    def restore(
+        self, name: str, template: Template, sandboxes_dir: Path, image: Path
+    ) -> isolation.SandboxProcess:
+        """A new sandbox from a checkpoint image: a copy of the parent's memory and files."""
+        return self._launch(
+            name, template, sandboxes_dir, ["restore", "--image-path", str(image)], resume=True
+        )
+
+    def checkpoint(self, sp: isolation.SandboxProcess, image: Path) -> None:
+        """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running."""
+        argv = self._runsc(
+            sp.directory,
+            "checkpoint",
+            "--leave-running",
+            "--compression=none",
+            "--image-path",
+            str(image),
+            sp.name,
+        )
+        try:
+            out = subprocess.run(
+                argv, capture_output=True, text=True, timeout=CHECKPOINT_TIMEOUT_SECONDS, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"runsc checkpoint took over {CHECKPOINT_TIMEOUT_SECONDS:.0f}s") from None
+        if out.returncode != 0:
+            raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
+
+    def prepare_quiesce(self, sp: isolation.SandboxProcess) -> None:
+        (sp.directory / "s" / RESUME_FILE).unlink(missing_ok=True)
+
+    def resume(self, sp: isolation.SandboxProcess) -> None:
+        """Let the checkpointed parent's agent listen again."""
+        with contextlib.suppress(OSError):
+            (sp.directory / "s" / RESUME_FILE).touch()
+
+    def kill(self, sp: isolation.SandboxProcess) -> None:
+        isolation.kill(sp, self.cgroups)
+
+    def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
+        return isolation.reap_leftovers(sandboxes_dir, self.cgroups)
+
+    def close(self) -> None:
+        pass
