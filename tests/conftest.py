@@ -1,7 +1,7 @@
 """Shared fixtures: a real pandastack-local server, SDK clients, and a leak guard.
 
 - ``local_server``: one LocalServer (subprocess, real isolation) for the session.
-- ``ps_client``: a fresh ``pandastack.Client`` pointed at it.
+- ``ps_client``: a fresh ``pandastack.Client`` pointed at it; ``local_http``: raw HTTP to it.
 - ``make_local_server(**opts)``: a private server with special options
   (max_sandboxes=1, a short ttl_scan_interval, template_dirs, ...), closed after the test.
 - leak guard (in effect for every test that uses ``local_server`` or the reliability suite's
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from pandastack_local import LocalServer
@@ -29,6 +30,14 @@ def local_server() -> Iterator[LocalServer]:
 @pytest.fixture
 def ps_client(local_server: LocalServer) -> Any:
     return local_server.client()
+
+
+@pytest.fixture
+def local_http(local_server: LocalServer) -> Iterator[httpx.Client]:
+    """Raw HTTP to ``local_server``, with its key (for what the SDK does not send or hides)."""
+    headers = {"Authorization": f"Bearer {local_server.api_key}"}
+    with httpx.Client(base_url=local_server.url, headers=headers, timeout=60) as c:
+        yield c
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse, Response
 from ..manager import DEFAULT_TTL_SECONDS, ApiError
 from .deps import Manager, SandboxDep, int_field, json_body
 from .templates import DEFAULT_TEMPLATE, template_name
+from .unsupported import refuse_create_fields
 
 router = APIRouter(prefix="/v1/sandboxes")
 
@@ -25,6 +26,7 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
     persistent = body.get("persistent") or False
     if not isinstance(persistent, bool):
         raise ApiError(400, "persistent must be a boolean")
+    refuse_create_fields(body)
     template = manager.template(name)
     sb = await manager.create(template, metadata, ttl or DEFAULT_TTL_SECONDS, persistent)
     return JSONResponse(sb.to_json(), status_code=201)

@@ -3,18 +3,7 @@ agent/internal/guest/ssh.go, agent/internal/api/templates.go, orgs.go), through 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
-import pytest
-
-
-@pytest.fixture
-def http(local_server) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=local_server.url, headers={"Authorization": f"Bearer {local_server.api_key}"}
-    ) as c:
-        yield c
 
 
 def test_bearer_scheme_in_any_case_and_access_token_query(local_server) -> None:
@@ -27,35 +16,35 @@ def test_bearer_scheme_in_any_case_and_access_token_query(local_server) -> None:
     assert wrong.status_code == 401 and wrong.json()["detail"] == "invalid api token"
 
 
-def test_fs_mode_is_the_type_letter_and_dir_defaults_to_root(ps_client, http) -> None:
+def test_fs_mode_is_the_type_letter_and_dir_defaults_to_root(ps_client, local_http) -> None:
     with ps_client.sandboxes.create(template="base") as sb:
         sb.exec("mkdir -p /work/d && echo x > /work/d/f && ln -s f /work/d/l")
         modes = {e.name: e.mode for e in sb.filesystem.listdir("/work/d")}
         assert modes == {"f": "f", "l": "l"}
         assert sb.filesystem.stat("/work/d").mode == "d"
-        root = http.get(f"/v1/sandboxes/{sb.id}/fs/dir")
+        root = local_http.get(f"/v1/sandboxes/{sb.id}/fs/dir")
         assert root.status_code == 200 and root.json()["path"] == "/"
         assert {"work", "tmp", "usr"} <= {e["name"] for e in root.json()["entries"]}
 
 
-def test_sse_frames_are_compact_json_and_whitespace_command_runs(ps_client, http) -> None:
+def test_sse_frames_are_compact_json_and_whitespace_command_runs(ps_client, local_http) -> None:
     with ps_client.sandboxes.create(template="base") as sb:
-        r = http.post(f"/v1/sandboxes/{sb.id}/exec/stream", json={"cmd": "echo hi"})
+        r = local_http.post(f"/v1/sandboxes/{sb.id}/exec/stream", json={"cmd": "echo hi"})
         assert 'data: {"chunk":"hi\\n"}' in r.text and 'data: {"exit_code":0}' in r.text, r.text
-        blank = http.post(f"/v1/sandboxes/{sb.id}/exec", json={"cmd": "   "})
+        blank = local_http.post(f"/v1/sandboxes/{sb.id}/exec", json={"cmd": "   "})
         assert blank.status_code == 200 and blank.json()["exit_code"] == 0, blank.text
-        assert http.post(f"/v1/sandboxes/{sb.id}/exec", json={"cmd": ""}).status_code == 400
+        assert local_http.post(f"/v1/sandboxes/{sb.id}/exec", json={"cmd": ""}).status_code == 400
 
 
-def test_templates_list_get_and_me(http) -> None:
-    listed = http.get("/v1/templates").json()
+def test_templates_list_get_and_me(local_http) -> None:
+    listed = local_http.get("/v1/templates").json()
     by_name = {t["name"]: t for t in listed}
     assert {"base", "code-interpreter"} <= set(by_name)
     ci = by_name["code-interpreter"]
     assert (ci["cpu"], ci["memory_mb"], ci["disk_mb"]) == (2, 2048, 1024)
     assert "pandas==2.2.3" in ci["meta"]["requirements"]
-    assert http.get("/v1/templates/base").json()["name"] == "base"
-    missing = http.get("/v1/templates/nope")
+    assert local_http.get("/v1/templates/base").json()["name"] == "base"
+    missing = local_http.get("/v1/templates/nope")
     assert (missing.status_code, missing.json()) == (404, {"error": "not found"})
-    me = http.get("/v1/me")
+    me = local_http.get("/v1/me")
     assert me.status_code == 200 and me.json()["orgs"] == [] and "user_id" in me.json()

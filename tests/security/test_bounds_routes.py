@@ -6,6 +6,8 @@ every route gets the generic bad inputs (wrong key, unknown ids, garbage and hos
 bodies, hostile ``?path=``) and must answer each with JSON, below 500, at once. The routes
 whose body fields are known get each field's wrong values and must answer 400 naming it.
 Each route is walked on a sandbox of its own (a garbage body to DELETE may still delete).
+The routes of the not-supported table (``routes/unsupported.py``) must answer every one of
+those requests with their 501 "... is not supported by pandastack-local", at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from fastapi.routing import APIRoute
 from pandastack_local import LocalServer
 from pandastack_local.limits import MAX_JSON_BODY_BYTES
 from pandastack_local.routes import ROUTERS
+from pandastack_local.routes.unsupported import SUFFIX, UNSUPPORTED
 
 from .bounds_support import http_fixture, server_fixture  # noqa: F401
 
@@ -78,6 +81,7 @@ DESTRUCTIVE = {
     ("DELETE", "/v1/sandboxes/{sandbox_id}/fs"),
     ("POST", "/v1/sandboxes/{sandbox_id}/pause"),
 }
+NOT_SUPPORTED = {route for _, routes in UNSUPPORTED for route in routes}
 QUERY_PATH_ROUTES = {(m, p) for m, p in ROUTES if p.endswith("/fs") or "/fs/" in p}
 
 
@@ -96,10 +100,13 @@ def fill(path: str, sandbox_id: str) -> str:
     return re.sub(r"\{[^}]+\}", "no-such-thing", path.replace("{sandbox_id}", sandbox_id))
 
 
-def answered(r: httpx.Response, started: float, what: str) -> dict[str, Any]:
+def answered(r: httpx.Response, started: float, what: str, not_supported: bool = False) -> dict[str, Any]:
     elapsed = time.monotonic() - started
     assert elapsed < STALL, f"{what}: took {elapsed:.1f}s"
-    assert r.status_code < 500, f"{what}: {r.status_code} {r.text[:300]}"
+    if not_supported:
+        assert r.status_code == 501 and r.json()["error"].endswith(SUFFIX), f"{what}: {r.text[:300]}"
+    else:
+        assert r.status_code < 500, f"{what}: {r.status_code} {r.text[:300]}"
     if r.status_code >= 400:
         assert r.headers.get("content-type", "").startswith("application/json"), f"{what}: {r.text[:200]}"
         body = r.json()
@@ -108,10 +115,12 @@ def answered(r: httpx.Response, started: float, what: str) -> dict[str, Any]:
     return {}
 
 
-def send(http: httpx.Client, method: str, url: str, what: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+def send(
+    http: httpx.Client, method: str, url: str, what: str, not_supported: bool = False, **kwargs: Any
+) -> tuple[int, dict[str, Any]]:
     started = time.monotonic()
     r = http.request(method, url, **kwargs)
-    return r.status_code, answered(r, started, what)
+    return r.status_code, answered(r, started, what, not_supported)
 
 
 def test_the_walk_covers_the_wire_api() -> None:
@@ -147,6 +156,9 @@ def walk(
     if path.startswith("/v1"):
         r = httpx.request(method, server.url + url, headers={"Authorization": "Bearer pds_" + "0" * 32})
         assert r.status_code == 401 and "unauthorized" in r.json()["error"]
+    if (method, path) in NOT_SUPPORTED:
+        walk_not_supported(http, method, path, shared_id)
+        return
     if "{sandbox_id}" in path:
         status, body = send(
             http, method, url, "unknown sandbox", params={"path": "/tmp/x"}, json={"cmd": "true"}
@@ -176,3 +188,13 @@ def walk(
             status, body = send(http, method, url, f"{field}={value!r:.40}", json=payload)
             assert status == 400, (field, value, status, body)
             assert field in body["error"], body
+
+
+def walk_not_supported(http: httpx.Client, method: str, path: str, shared_id: str) -> None:
+    """A route of the not-supported table: whatever comes, the same clear 501, never a 404."""
+    url = fill(path, shared_id)
+    for name, body_bytes in GARBAGE_BODIES.items():
+        send(http, method, url, f"{name} body", True, params={"path": "/tmp"}, content=body_bytes)
+    for bad in BAD_PATHS:
+        send(http, method, url, f"path {bad!r}", True, params={"path": bad}, content=b"[]")
+    send(http, method, fill(path, UNKNOWN_ID), "unknown ids", True, json={"cmd": "true"})
