@@ -42,11 +42,14 @@ typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
 
+# tests/local/test_gvisor.py needs runsc: `make test-gvisor` runs it (after `make runsc`).
+NO_GVISOR := --ignore=tests/local/test_gvisor.py
+
 test-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(PYTEST_ARGS)
+	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) $(PYTEST_ARGS)
 
 test-prefect: venvs templates
-	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(PYTEST_ARGS)
+	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
 
 # The local server's suites once more with the server run as an unprivileged user, created here
 # (root only; a non-root developer's server is already unprivileged). docs/local-server.md says
@@ -58,7 +61,7 @@ test-nonroot: venvs templates
 	@if [ "$$(id -u)" != 0 ]; then echo "test-nonroot: already not root: tests/local ran unprivileged"; exit 0; fi; \
 	id -u $(NONROOT_USER) >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin $(NONROOT_USER); \
 	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(AF)/bin/python -m pytest -q tests/local tests/security \
-		--basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
+		$(NO_GVISOR) --basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
 test: lint typecheck test-airflow test-prefect test-nonroot
 
@@ -69,14 +72,11 @@ test: lint typecheck test-airflow test-prefect test-nonroot
 runsc:
 	@bash scripts/install-runsc.sh
 
-# The local server's suites again with every sandbox under gVisor (PANDASTACK_LOCAL_ISOLATION is
-# LocalServer's default backend, so each suite's server fixture follows it): tests/local,
-# tests/security and the hostile-job matrix (core + Airflow; Prefect's runs the same core
-# lifecycle). Tests whose outcome differs per backend say so.
+# The local server's suite again with every sandbox under gVisor (PANDASTACK_LOCAL_ISOLATION is
+# LocalServer's default backend, so each suite's server fixture follows it), plus the gVisor
+# backend's own tests (tests/local/test_gvisor.py). Tests whose outcome differs per backend say so.
 test-gvisor: venvs templates runsc
-	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q tests/local tests/security $(PYTEST_ARGS)
-	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
-		--ignore=tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
+	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q tests/local $(PYTEST_ARGS)
 
 # Wire parity with the real PandaStack server (issue 13): our conformance tests through the SDK
 # and raw HTTP against a fresh pandastack-local.

@@ -236,3 +236,22 @@ def test_the_pool_hands_over_a_gvisor_sandbox(gvisor_server: LocalServer, gclien
         assert sb.exec("echo ready").stdout.strip() == "ready"
     finally:
         sb.kill()
+
+
+def test_the_warm_fork_example_keeps_its_model_in_memory(gclient: Any) -> None:
+    """jobs/warm (the WarmPool example of dags/ and flows/): the warm-up leaves a model loaded in
+    a long-lived process; under gVisor every forked job reads it from that process's memory."""
+    from pandastack_jobs import JobSpec, WarmPool
+
+    jobs = Path(__file__).resolve().parents[2] / "jobs" / "warm"
+    files = {"warmup.py": (jobs / "warmup.py").read_text(), "score.py": (jobs / "score.py").read_text()}
+    with WarmPool(gclient, warmup=JobSpec(command="python3 warmup.py", files=files, timeout=60)) as pool:
+        outcomes = [
+            pool.run(JobSpec(command="python3 score.py", input={"id": i}, timeout=30)) for i in (1, 2)
+        ]
+    assert all(o.ok for o in outcomes), [o.reason for o in outcomes]
+    results = [o.result for o in outcomes]
+    assert {r["model_source"] for r in results} == {"memory"}
+    assert len({r["model_built_at"] for r in results}) == 1
+    # The same process of the parent answered in each child: it was copied, not started again.
+    assert len({r["model_served_by"] for r in results}) == 1 and results[0]["model_served_by"]
