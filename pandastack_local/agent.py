@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -468,7 +469,125 @@ def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
     sock.sendall(pack_json({"ok": True}))
 
 
-OPS = {"exec": op_exec, "tar_out": op_tar_out, "tar_in": op_tar_in}
+class CodeContext:
+    """A code context's Python process (``repl_kernel.py``): a pipe for requests, one for replies."""
+
+    def __init__(self, caps: dict[str, int]) -> None:
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        self.lock = threading.Lock()
+        self.created, self.cells, self.closed, self.pending = time.time(), 0, False, b""
+        try:
+            self.proc = subprocess.Popen(
+                ["python3", "-u", "/.pandastack/repl_kernel.py", json.dumps(caps), str(req_r), str(rep_w)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/root",
+                env=GUEST_ENV,
+                start_new_session=True,
+                pass_fds=(req_r, rep_w),
+            )
+        except OSError as exc:  # no python3 on PATH, no process to be had (pids limit)
+            for fd in (self.req_w, self.rep_r):
+                os.close(fd)
+            raise Refused(f"the code context's python3 could not start: {exc}", "ENOEXEC") from exc
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+
+    def send(self, request: dict[str, Any]) -> bool:
+        """Write one request line; False if the process is gone."""
+        data = memoryview(json.dumps(request).encode() + b"\n")
+        try:
+            while data:
+                data = data[os.write(self.req_w, data) :]
+        except OSError:
+            return False
+        return True
+
+    def reply(self, deadline: float, cap: int) -> tuple[bytes, str]:
+        """One reply line of at most ``cap`` bytes by ``deadline``, or b"" and why not. What came
+        after the line (code in the context can write to the pipe too) waits for the next call."""
+        buf = bytearray(self.pending)  # bytearray and a search of each chunk only: linear in the reply
+        end = buf.find(b"\n")
+        while end < 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"", "did not answer in time and was killed"
+            if len(buf) > cap:
+                return b"", f"sent a reply over the {cap}-byte cap and was killed"
+            if not select.select([self.rep_r], [], [], left)[0]:
+                continue
+            chunk = os.read(self.rep_r, CHUNK)
+            if not chunk:
+                return b"", f"exited (code {self.proc.wait()})"
+            if (found := chunk.find(b"\n")) >= 0:
+                end = len(buf) + found
+            buf += chunk
+        self.pending = bytes(buf[end + 1 :])
+        return bytes(buf[: end + 1]), ""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _kill_tree(self.proc.pid)
+        self.proc.wait()
+        for fd in (self.req_w, self.rep_r):
+            os.close(fd)
+
+
+CONTEXTS: dict[str, CodeContext] = {}
+
+
+def op_repl(sock: socket.socket, req: dict[str, Any]) -> None:
+    """Open, run in, close or list code contexts; a run's reply line goes back as DATA frames."""
+    op, cid = req["op"], str(req.get("id", ""))
+    if op == "repl_list":
+        listed = [{"id": k, "created": c.created, "cells": c.cells} for k, c in sorted(CONTEXTS.items())]
+        sock.sendall(pack_json({"ok": True, "contexts": listed}))
+        return
+    if op == "repl_open":
+        if len(CONTEXTS) >= int(req["max_contexts"]):
+            raise Refused(f"the sandbox has {len(CONTEXTS)} code contexts: close one first", "EMLINK")
+        started = CodeContext(req["caps"])
+        ready, why = started.reply(time.monotonic() + float(req["start_seconds"]), CHUNK)
+        if not ready:
+            started.close()
+            raise Refused(f"the code context's python3 did not start: it {why}", "ENOEXEC")
+        CONTEXTS[cid] = started
+        sock.sendall(pack_json({"ok": True}))
+        return
+    ctx = CONTEXTS.get(cid)
+    if ctx is None:
+        raise Refused(f"code context {cid} not found", "ENOENT")
+    if op == "repl_close":
+        CONTEXTS.pop(cid, None)
+        ctx.close()
+        sock.sendall(pack_json({"ok": True}))
+        return
+    with ctx.lock:
+        ctx.cells += 1
+        line, why = b"", f"exited (code {ctx.proc.poll()})"
+        if ctx.send(req["request"]):
+            deadline = time.monotonic() + float(req["wait_seconds"])
+            line, why = ctx.reply(deadline, int(req["max_reply_bytes"]))
+        if not line:  # ended, hung past its own timeout, or flooded its reply: the context is gone
+            CONTEXTS.pop(cid, None)
+            ctx.close()
+            code = "ETIME" if why.startswith("did not answer") else "ESRCH"
+            raise Refused(f"the code context's python process {why}: its state is lost", code)
+        FrameWriter(sock).write(line)
+    sock.sendall(pack_json({"ok": True}))
+
+
+OPS = {
+    "exec": op_exec,
+    "tar_out": op_tar_out,
+    "tar_in": op_tar_in,
+    **{op: op_repl for op in ("repl_open", "repl_run", "repl_close", "repl_list")},
+}
 
 
 def handle(conn: socket.socket, listener: Listener | None = None) -> None:

@@ -31,6 +31,7 @@ from .templates import Template
 
 GUEST_PYTHON = "/usr/bin/python3"
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
+REPL_KERNEL_SOURCE = Path(__file__).with_name("repl_kernel.py")  # a code context's python
 SETPRIV = "/usr/bin/setpriv"
 # Host kernel information a tenant must not read: which cgroup owns each host page (a
 # cross-tenant side channel), the host's key names, and the slab allocator's state.
@@ -63,12 +64,14 @@ def bwrap_binary() -> str:
 
 
 def prepare_guest_dir(path: Path) -> Path:
-    """Write the read-only files every sandbox gets at /.pandastack (agent + minimal /etc)."""
+    """Write the read-only files every sandbox gets at /.pandastack (agent, code-context kernel,
+    minimal /etc)."""
     etc = path / "etc"
     if path.exists():
         shutil.rmtree(path)
     etc.mkdir(parents=True)
     shutil.copyfile(AGENT_SOURCE, path / "agent.py")
+    shutil.copyfile(REPL_KERNEL_SOURCE, path / "repl_kernel.py")
     for name, text in _ETC_FILES.items():
         (etc / name).write_text(text)
     # Multiarch library lookup and Debian's /etc/alternatives symlinks (awk, etc.).

@@ -32,16 +32,40 @@ MAX_CONCURRENT_EXECS = 32
 AGENT_FDS_PER_EXEC = 8
 AGENT_RESERVED_FDS = 16
 EXEC_RETRY_AFTER = "1"
+# Code contexts (routes/code_contexts.py, repl_kernel.py). Per run: the first MAX_REPL_OUTPUT_BYTES
+# of stdout and of stderr, at most MAX_REPL_RESULTS results (a figure's PNG at most
+# MAX_REPL_PNG_BYTES, a repr or HTML at most MAX_REPL_TEXT_RESULT_BYTES), and the whole reply the
+# server reads from the sandbox at most MAX_REPL_REPLY_BYTES (JSON escapes can grow text 6x).
+MAX_CODE_CONTEXTS = 8  # per sandbox; past it, 429
+MAX_REPL_OUTPUT_BYTES = 1 * MiB
+MAX_REPL_RESULTS = 8
+MAX_REPL_PNG_BYTES = 1 * MiB
+MAX_REPL_TEXT_RESULT_BYTES = 64 * KiB
+MAX_REPL_REPLY_BYTES = 32 * MiB
+# A run's timeout when the request gives none (the real server's 30 s), and how long past it the
+# session may take to stop before its process is killed (its state is then lost).
+REPL_DEFAULT_TIMEOUT_MS = 30_000
+REPL_KILL_GRACE_SECONDS = 5.0
+REPL_START_SECONDS = 30.0
 
 __all__ = [
     "FILE_READ_CAP_BYTES",
     "LOG_COMMAND_CHARS",
     "LOG_OUTPUT_CHARS",
+    "MAX_CODE_CONTEXTS",
     "MAX_COMMAND_BYTES",
     "MAX_CONCURRENT_EXECS",
     "MAX_EXEC_OUTPUT_BYTES",
     "MAX_FILE_BODY_BYTES",
     "MAX_JSON_BODY_BYTES",
+    "MAX_REPL_OUTPUT_BYTES",
+    "MAX_REPL_PNG_BYTES",
+    "MAX_REPL_REPLY_BYTES",
+    "MAX_REPL_RESULTS",
+    "MAX_REPL_TEXT_RESULT_BYTES",
+    "REPL_DEFAULT_TIMEOUT_MS",
+    "REPL_KILL_GRACE_SECONDS",
+    "REPL_START_SECONDS",
     "exec_slots",
     "fork_copy_cap",
 ]

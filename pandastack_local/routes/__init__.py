@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import exec, fs, lifecycle, sandboxes, service, templates, unsupported
+from . import code_contexts, exec, fs, lifecycle, sandboxes, service, templates, unsupported
 
 ROUTERS: tuple[APIRouter, ...] = (
     service.router,
@@ -15,5 +15,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     exec.router,
     fs.router,
     lifecycle.router,
+    code_contexts.router,
     unsupported.router,
 )

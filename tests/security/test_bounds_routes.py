@@ -71,6 +71,11 @@ FIELDS: dict[tuple[str, str], dict[str, list[Any]]] = {
     },
     ("POST", "/v1/sandboxes/{sandbox_id}/fork"): {"count": ["2", -1, 17, 1.5]},
     ("POST", "/v1/sandboxes/{sandbox_id}/fork-tree"): {"count": ["2", -1, 17]},
+    ("POST", "/v1/sandboxes/{sandbox_id}/repl/sessions"): {"language": [5, "ruby"]},
+    ("POST", "/v1/sandboxes/{sandbox_id}/repl/sessions/{context_id}/run"): {
+        "code": [None, 5, ""],
+        "timeout_ms": ["5", -1, 1.5, 10**12],
+    },
 }
 FIELDS[("POST", "/v1/sandboxes/{sandbox_id}/exec/stream")] = FIELDS[
     ("POST", "/v1/sandboxes/{sandbox_id}/exec")
