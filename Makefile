@@ -80,8 +80,12 @@ test-gvisor: venvs templates runsc
 
 # Wire parity with the real PandaStack server (issue 13): our conformance tests through the SDK
 # and raw HTTP against a fresh pandastack-local.
+# Wire parity with PandaStack (docs/local-server.md, "Differences from PandaStack"): our route and
+# field tests, and the pinned pandastack sdist's own live e2e tests and examples, downloaded at test
+# time with the machine's pip configuration; the server is tested in both venvs.
 test-conformance: venvs templates
 	$(AF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
+	$(PF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
 
 # Hostile-job matrix and fault injection (docs/reliability.md): core + Airflow files in the Airflow
 # venv, the Prefect file in the Prefect venv. The soaks are marked slow: make test-soak.
