@@ -174,7 +174,7 @@ def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
     try:
         proc = subprocess.Popen(
             ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
-            stdin=subprocess.DEVNULL,
+            stdin=0,  # the agent's own /dev/null (main): opened once, whatever a job does to the node
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=req.get("cwd") or "/root",
@@ -687,6 +687,7 @@ class Listener:
             pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
+        os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
         sock.listen(128)
         return sock
 

@@ -24,6 +24,8 @@ def fs_error(exc: agent_client.AgentError, *, missing_status: int = 500) -> ApiE
         return ApiError(missing_status, "file does not exist" if missing_status == 404 else str(exc))
     if exc.errno == "ENOSPC":
         return ApiError(507, str(exc))
+    if exc.errno == "EBUSY":  # a mount point (gVisor's /tmp and /work): the path's fault
+        return ApiError(409, f"{exc} (a mount point cannot be removed)")
     if exc.errno in (NOT_REGULAR, TOO_BIG):  # the file's fault (a FIFO, a device, over the cap)
         return ApiError(400, str(exc))
     return ApiError(500, str(exc))
