@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR
+from benchmarks.common import RESULTS_DIR, ratio
 
 RESULTS_MD = RESULTS_DIR.parent / "RESULTS.md"
 SEED_CREATE_P50_MS, SEED_CREATE_P99_MS = 179, 203
@@ -553,6 +553,13 @@ is the sandbox's memory cgroup usage when idle; CPU is its processes' CPU time w
 The seed's column is PandaStack's Firecracker microVMs (snapshot restore; same-host fork).
 
 {table(["figure", "bwrap", "gVisor", "seed (Firecracker)"], rows)}
+
+On a shared machine absolute times drift with its load (this step's bwrap cold create is the
+bwrap figure to compare with section 5's); the ratios gVisor / bwrap hold better: cold create
+{ratio(v["cold_create"]["p50_ms"], b["cold_create"]["p50_ms"])}x, JSON job
+{ratio(v["json_job"]["p50_ms"], b["json_job"]["p50_ms"])}x, memory
+{ratio(v["idle_memory_mib"], b["idle_memory_mib"])}x, CPU per job
+{ratio(v["job_cpu_ms"], b["job_cpu_ms"])}x. A create from the pool is a hand-over for both.
 
 What each boundary stops and when to pick which: docs/local-server.md, "Isolation backends".
 """
