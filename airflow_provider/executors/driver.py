@@ -58,6 +58,14 @@ logger = logging.getLogger("airflow_provider.executors")
 REQUEST_LABEL = "airflow_ti_uuid"
 ENGINE = "airflow-executor"
 OUTPUT_TAIL_BYTES = 16 * 1024
+# The launch request's labels, as the core's job key writes them on the sandbox's metadata.
+LABEL_KEYS = {
+    "dag_id": "job_workflow",
+    "task_id": "job_task",
+    "run_id": "job_run",
+    "map_index": "job_map_index",
+    "try_number": "job_try",
+}
 # Written into each sandbox before the task starts: the task can tell which sandbox it runs in.
 SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 
@@ -263,6 +271,25 @@ class PandaStackDriver(SandboxDriver):
         PandaStack-specific: ``common.sandbox`` expects remote logging instead.
         """
         return await asyncio.to_thread(self._read_file, handle, path, limit)
+
+    def _list_requests(self) -> dict[str, dict[str, str]]:
+        found: dict[str, dict[str, str]] = {}
+        for sb in self._client().sandboxes.list():
+            meta = sb.metadata or {}
+            request_id = meta.get(REQUEST_LABEL)
+            if meta.get("job_engine") == ENGINE and isinstance(request_id, str) and request_id:
+                found.setdefault(
+                    request_id, {label: str(meta.get(key, "")) for label, key in LABEL_KEYS.items()}
+                )
+        return found
+
+    async def list_requests(self) -> dict[str, dict[str, str]]:
+        """The live sandboxes this executor made, by request id: the try's labels (dag_id, task_id,
+        run_id, map_index, try_number, as the core's job key put them on the metadata).
+
+        PandaStack-specific (``common.sandbox`` has no listing): the orphan sweep's input.
+        """
+        return await asyncio.to_thread(self._list_requests)
 
     # -- stop ------------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ Identity: the task try's UUID (Airflow pre-assigns it, ``pre_assigns_external_ex
 is on the sandbox's metadata; once launched, a :class:`SandboxExecutionRef` with the
 handle is persisted in ``external_executor_id`` so a replacement scheduler adopts the
 sandbox, and a try whose handle never got persisted is fenced (all its sandboxes
-deleted) before Airflow reschedules it.
+deleted) before Airflow reschedules it. A try that ended while no scheduler watched it
+(its TI is finished, so nobody adopts it) is found by the orphan sweep, which copies
+its task log out and deletes its sandbox.
 
 Configuration lives in the ``[pandastack_executor]`` section; a task overrides
 ``template``, ``timeout``, ``ttl`` and ``env`` with ``executor_config={"pandastack": {...}}``.
@@ -29,7 +31,7 @@ from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -66,6 +68,9 @@ GUEST_LOG_FOLDER = "/work/logs"
 MAX_TASK_LOG_BYTES = 8 * 1024 * 1024
 FAILURE_TAIL_LINES = 20
 MAX_POLL_INTERVAL = 30.0
+# The orphan sweep leaves a finished try's sandbox this long to the executor that owns it
+# (another scheduler of an HA pair deletes it within a poll or two of the end).
+ORPHAN_GRACE_SECONDS = 60.0
 WORKER_CLIENT_OPTIONS = (
     "execution_api_timeout",
     "execution_api_retries",
@@ -152,6 +157,7 @@ class PandaStackExecutor(BaseExecutor):
         self.adoption_timeout = float(get(section, "adoption_timeout", fallback="30") or 30)
         self.shutdown_timeout = float(get(section, "shutdown_timeout", fallback="30") or 30)
         self.check_health = self.conf.getboolean(section, "check_health_on_startup", fallback=True)
+        self.orphan_sweep_interval = float(get(section, "orphan_sweep_interval", fallback="60") or 0)
         timeout = self.conf.getint(section, "timeout", fallback=3600)
         ttl_text = get(section, "ttl", fallback=None)
         env_text = get(section, "env", fallback=None) or "{}"
@@ -181,6 +187,9 @@ class PandaStackExecutor(BaseExecutor):
         self._poll_failures: dict[TaskInstanceKey, int] = {}
         self._deferred: dict[TaskInstanceKey, tuple[float, ExecuteTask]] = {}
         self._revoked: set[TaskInstanceKey] = set()
+        self._listing: Future[dict[str, dict[str, str]]] | None = None
+        self._next_sweep = 0.0  # the first heartbeat sweeps: a restarted scheduler cleans up at once
+        self._collecting: dict[Future[bytes | None], tuple[str, SandboxExecutionRef | None]] = {}
 
     # -- start / driver --------------------------------------------------------------------------
 
@@ -316,8 +325,10 @@ class PandaStackExecutor(BaseExecutor):
         self._drain_polls()
         self._drain_finishes()
         self._drain_fences()
+        self._drain_collects()
         self._requeue_due()
         self._schedule_polls()
+        self._sweep_orphans()
 
     def _drain_launches(self) -> None:
         for future, launch in list(self._launching.items()):
@@ -401,14 +412,8 @@ class PandaStackExecutor(BaseExecutor):
         assert self.driver is not None
         log: bytes | None = None
         output: SandboxOutput | None = None
-        log_path = ref.handle.data.get("log_path")
         if result.state is not SandboxState.GONE:
-            read_file = getattr(self.driver, "read_file", None)
-            if log_path and read_file is not None:
-                try:
-                    log = await read_file(ref.handle, f"{GUEST_LOG_FOLDER}/{log_path}", MAX_TASK_LOG_BYTES)
-                except Exception:
-                    self.log.warning("could not read the task log of %s", ref.request_id, exc_info=True)
+            log = await self._read_task_log(ref)
             if result.state is SandboxState.FAILED:
                 try:
                     output = await self.driver.get_output(ref.handle)
@@ -416,6 +421,18 @@ class PandaStackExecutor(BaseExecutor):
                     self.log.warning("could not read the output of %s", ref.request_id, exc_info=True)
         await self.driver.terminate(ref.handle)
         return log, output
+
+    async def _read_task_log(self, ref: SandboxExecutionRef) -> bytes | None:
+        assert self.driver is not None
+        log_path = ref.handle.data.get("log_path")
+        read_file = getattr(self.driver, "read_file", None)
+        if not log_path or read_file is None:
+            return None
+        try:
+            return await read_file(ref.handle, f"{GUEST_LOG_FOLDER}/{log_path}", MAX_TASK_LOG_BYTES)
+        except Exception:  # the delete must still happen
+            self.log.warning("could not read the task log of %s", ref.request_id, exc_info=True)
+            return None
 
     def _drain_finishes(self) -> None:
         for future, finish in list(self._finishing.items()):
@@ -507,6 +524,115 @@ class PandaStackExecutor(BaseExecutor):
                 self.fail(key, info=f"PandaStackExecutor: {why}; its sandboxes were deleted")
             elif key is not None:
                 self._forget(key)
+
+    # -- orphans: tries that ended while no scheduler watched them -------------------------------
+
+    def _owned_requests(self) -> set[str]:
+        owned = {ref.request_id for ref in self._active.values()}
+        owned |= {launch.request_id for launch in self._launching.values()}
+        owned |= {finish.ref.request_id for finish in self._finishing.values()}
+        owned |= {request_id for _, request_id, _ in self._fencing.values()}
+        owned |= {request_id for request_id, _ in self._collecting.values()}
+        return owned
+
+    def _sweep_orphans(self) -> None:
+        """Every ``orphan_sweep_interval``: delete the sandboxes of tries that have ended.
+
+        A scheduler SIGKILLed while a try runs: if the try finishes before a new scheduler
+        comes, its TI is no longer queued or running, nobody adopts it, and its sandbox
+        (kept after the exit so the log can be copied) would wait for the TTL. The sweep
+        lists this executor's sandboxes, looks their tries up in the metadata DB and, for a
+        try that ended more than ``ORPHAN_GRACE_SECONDS`` ago, copies the task log out and
+        fences its request id. A try the DB does not know as ours (another deployment
+        sharing the account) is left alone: the TTL is its backstop.
+        """
+        list_requests = getattr(self.driver, "list_requests", None)
+        if self.orphan_sweep_interval <= 0 or list_requests is None or self._loop is None:
+            return
+        if self._listing is None:
+            if time.monotonic() >= self._next_sweep:
+                self._listing = self._submit(list_requests())
+            return
+        if not self._listing.done():
+            return
+        listing, self._listing = self._listing, None
+        self._next_sweep = time.monotonic() + self.orphan_sweep_interval
+        try:
+            owned = self._owned_requests()
+            candidates = {r: labels for r, labels in listing.result().items() if r not in owned}
+            ended = self._ended_tries(candidates) if candidates else {}
+        except Exception:  # the next sweep tries again
+            self.log.warning("PandaStackExecutor: orphan sweep failed", exc_info=True)
+            return
+        for request_id, ref in ended.items():
+            self.log.info(
+                "PandaStackExecutor: try %s ended without an owner; deleting its sandbox", request_id
+            )
+            self._collecting[self._submit(self._collect(request_id, ref))] = (request_id, ref)
+
+    def _ended_tries(self, candidates: dict[str, dict[str, str]]) -> dict[str, SandboxExecutionRef | None]:
+        """Of the ``candidates`` (request id -> the try's labels), the tries the metadata DB shows
+        ended before the grace, with the handle their TI stored: request id -> ref.
+
+        A try is found by its task instance key and try number, and is ours only if the row's
+        ``external_executor_id`` is the request id or a ref to it.
+        """
+        from airflow.models.taskinstance import TaskInstance
+        from airflow.models.taskinstancehistory import TaskInstanceHistory
+        from airflow.utils.session import create_session
+        from airflow.utils.state import State
+        from sqlalchemy import select, tuple_
+
+        wanted: dict[tuple[str, str, str, int, int], list[str]] = {}
+        for request_id, labels in candidates.items():
+            try:
+                key = (labels["dag_id"], labels["task_id"], labels["run_id"], int(labels["map_index"]))
+                wanted.setdefault((*key, int(labels["try_number"])), []).append(request_id)
+            except (KeyError, ValueError):
+                continue  # clipped or foreign metadata: the TTL is its backstop
+        if not wanted:
+            return {}
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=ORPHAN_GRACE_SECONDS)
+        rows: list[tuple[Any, ...]] = []
+        with create_session() as session:
+            for model, is_current in ((TaskInstance, True), (TaskInstanceHistory, False)):
+                cols = (model.dag_id, model.task_id, model.run_id, model.map_index)
+                query = select(
+                    *cols, model.try_number, model.state, model.end_date, model.external_executor_id
+                )
+                query = query.where(tuple_(*cols).in_(sorted({k[:4] for k in wanted})))
+                rows += [(*row, is_current) for row in session.execute(query).all()]
+        ended: dict[str, SandboxExecutionRef | None] = {}
+        for dag_id, task_id, run_id, map_index, try_number, state, end_date, external, current in rows:
+            running = current and state not in State.finished
+            if running or (end_date is not None and end_date >= cutoff):
+                continue
+            ref = SandboxExecutionRef.decode(external, expected_driver=self.driver_id)
+            for found in wanted.get((dag_id, task_id, run_id, map_index, try_number), []):
+                # Only the request this row names (not another deployment's try with the same names).
+                if external == found or (ref is not None and ref.request_id == found):
+                    ended[found] = ref
+        return ended
+
+    async def _collect(self, request_id: str, ref: SandboxExecutionRef | None) -> bytes | None:
+        """An orphan's task log (when its handle was persisted), then fence its UUID."""
+        assert self.driver is not None
+        log = await self._read_task_log(ref) if ref is not None else None
+        await self.driver.fence(request_id)
+        return log
+
+    def _drain_collects(self) -> None:
+        for future, (request_id, ref) in list(self._collecting.items()):
+            if not future.done():
+                continue
+            del self._collecting[future]
+            try:
+                log = future.result()
+            except Exception:  # still listed: the next sweep tries again
+                self.log.warning("PandaStackExecutor: deleting orphan %s failed", request_id, exc_info=True)
+                continue
+            if ref is not None and log is not None:
+                self._write_task_log(ref.handle.data.get("log_path"), log, [])
 
     def _forget(self, key: TaskInstanceKey) -> None:
         self.running.discard(key)

@@ -182,13 +182,16 @@ def test_capacity_refusal_requeues_after_retry_after(
         executor.end()
 
 
-def _launch_direct(server: Any, argv: list[str], rid: str) -> SandboxHandle:
+def _launch_direct(
+    server: Any, argv: list[str], rid: str, labels: dict[str, str] | None = None
+) -> SandboxHandle:
     driver = PandaStackDriver(ConnectionConfig(api_url=server.url, api_key=server.api_key))
     request = SandboxLaunchRequest(
         request_id=rid,
         command=tuple(argv),
         env={},
         config=SandboxLaunchConfig(template="code-interpreter", timeout_seconds=60, ttl_seconds=120),
+        labels=labels or {},
     )
     return asyncio.run(driver.launch(request))
 
@@ -224,6 +227,68 @@ def test_restarted_scheduler_adopts_persisted_and_fences_unpersisted(
         assert local_server.client().sandboxes.list() == []
     finally:
         executor.end()
+
+
+def test_orphan_sweep_deletes_the_sandbox_of_a_try_that_ended_without_a_scheduler(
+    executor_env: Path, local_server: Any
+) -> None:
+    """The scheduler died; the try finished (its TI is success) before a new one came, so Airflow
+    offers it to nobody for adoption. A new executor's sweep copies its log out and deletes its
+    sandbox; a sandbox with the same names whose request id the TI does not carry (another
+    deployment on the same account) is left alone."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.sdk import dag, task
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    from tests.support.dagtest import run_dag, task_instances
+
+    @dag(dag_id=f"orphan_{uuid.uuid4().hex[:8]}", schedule=None)
+    def orphan_dag() -> None:
+        task(task_id="t")(lambda: 1)()
+
+    ti = task_instances(run_dag(orphan_dag()))[("t", -1)]
+    assert str(ti.state) == "success"
+    labels = {
+        "dag_id": ti.dag_id,
+        "task_id": "t",
+        "run_id": ti.run_id,
+        "map_index": "-1",
+        "try_number": str(ti.try_number),
+    }
+    rid, foreign_rid = str(uuid.uuid4()), str(uuid.uuid4())
+    write_log = "mkdir -p /work/logs/orphan && echo the task log line > /work/logs/orphan/attempt=1.log"
+    ours = _launch_direct(local_server, ["sh", "-c", write_log], rid, labels)
+    foreign = _launch_direct(local_server, ["sleep", "60"], foreign_rid, labels)
+    ref = SandboxExecutionRef(
+        "pandastack", rid, SandboxHandle({**ours.data, "log_path": "orphan/attempt=1.log"}, ours.display_name)
+    )
+    ended = datetime.now(timezone.utc) - timedelta(minutes=5)  # past the sweep's grace
+    with create_session() as session:
+        session.execute(
+            update(TaskInstance)
+            .where(TaskInstance.id == ti.id)
+            .values(external_executor_id=ref.encode(), end_date=ended)
+        )
+
+    def live() -> set[str]:
+        return {sb.id for sb in local_server.client().sandboxes.list()}
+
+    executor = _executor()
+    try:
+        deadline = time.monotonic() + 60
+        while ours.display_name in live() and time.monotonic() < deadline:
+            executor.heartbeat()
+            time.sleep(0.2)
+        executor.heartbeat()  # the sweep writes the copied log on the heartbeat after the delete
+        assert ours.display_name not in live(), "the ended try's sandbox was not swept"
+        assert foreign.display_name in live(), "the sweep deleted a sandbox that is not this try's"
+        assert "the task log line" in (executor_env / "orphan" / "attempt=1.log").read_text()
+    finally:
+        executor.end()
+        local_server.client().sandboxes.get(foreign.display_name).kill()
 
 
 def test_revoke_deletes_the_sandbox(executor_env: Path, local_server: Any) -> None:
