@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 CONFIG_SECTION = "pandastack_executor"
+# Beside an executor that does not pre-assign the try's UUID, Airflow gives it only to tasks whose
+# executor= is the configured alias or module path: configure this alias to use the short name.
+ALIAS = "PandaStackExecutor"
+ALIAS_CONFIG = f"{ALIAS}:airflow_provider.executors.PandaStackExecutor"
 WORKLOAD_MODULE = "airflow.sdk.execution_time.execute_workload"
 # Inside the sandbox: Airflow's home and the task log folder live in the throwaway work dir.
 GUEST_AIRFLOW_HOME = "/work/airflow"
@@ -264,8 +268,10 @@ class PandaStackExecutor(BaseExecutor):
         request_id = ti.external_executor_id
         if not is_preassigned_executor_id(request_id):
             raise SandboxConfigurationError(
-                f"task {ti.key} has no pre-assigned external_executor_id; "
-                "PandaStackExecutor needs Airflow >= 3.3"
+                f"task {ti.key} has no pre-assigned external_executor_id (the try's UUID). Beside an "
+                "executor that does not pre-assign one (LocalExecutor, KubernetesExecutor), Airflow "
+                "pre-assigns it only when the task's executor= is the configured name: configure "
+                f"[core] executor = ...,{ALIAS_CONFIG} and use executor={ALIAS!r} (needs Airflow >= 3.3)"
             )
         config = self.launch_config.overlay(ti.executor_config)
         return SandboxLaunchRequest(

@@ -417,3 +417,16 @@ def test_a_task_with_executor_pandastack_parses_inside_the_sandbox(
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parsed == {"dags": ["per_task_executor"], "errors": []}, parsed
     assert request.env["AIRFLOW__CORE__EXECUTOR"] == executors
+
+
+def test_a_try_without_a_preassigned_uuid_fails_with_the_alias_to_configure(executor_env: Path) -> None:
+    """Beside LocalExecutor, Airflow pre-assigns the UUID only to tasks whose executor= is the
+    configured alias or module path (executor="PandaStackExecutor" without the alias gets none)."""
+    from airflow_provider.executors import PandaStackExecutor
+    from airflow_provider.executors.models import SandboxConfigurationError
+
+    workload = _workload()
+    workload.ti.external_executor_id = None
+    with pytest.raises(SandboxConfigurationError) as err:
+        PandaStackExecutor(parallelism=1).launch_request(workload)
+    assert "PandaStackExecutor:airflow_provider.executors.PandaStackExecutor" in str(err.value)
