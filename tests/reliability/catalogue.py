@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_jobs import FailureClass, FailureKind
-from tests.support.server import write_template
+from tests.support.server import GVISOR, write_template
 
 HOSTILE_DIR = Path(__file__).resolve().parent / "hostile"
 TENANTS = Path(__file__).resolve().parents[2] / "jobs" / "tenants"
@@ -77,17 +77,29 @@ class Hostile:
     counter: str | None = None
     wall: int | None = None
     stderr_has: str | None = None
+    # The kind under gVisor where it differs (docs/local-server.md): the class must not differ.
+    gvisor_kind: FailureKind | None = None
+
+    @property
+    def expected_kind(self) -> FailureKind:
+        """The kind this backend (PANDASTACK_LOCAL_ISOLATION) gives the case."""
+        return self.gvisor_kind if GVISOR and self.gvisor_kind is not None else self.kind
 
     @property
     def failure_class(self) -> FailureClass:
-        if self.kind in (
-            FailureKind.PERMANENT_EXIT_CODE,
-            FailureKind.RESULT_MISSING,
-            FailureKind.RESULT_INVALID,
-            FailureKind.RESULT_TOO_LARGE,
-        ):
-            return FailureClass.DEAD_LETTER
-        return FailureClass.REDELIVER
+        return class_of(self.expected_kind)
+
+
+def class_of(kind: FailureKind) -> FailureClass:
+    """The class the core gives a kind (redeliver unless the job itself is at fault for good)."""
+    if kind in (
+        FailureKind.PERMANENT_EXIT_CODE,
+        FailureKind.RESULT_MISSING,
+        FailureKind.RESULT_INVALID,
+        FailureKind.RESULT_TOO_LARGE,
+    ):
+        return FailureClass.DEAD_LETTER
+    return FailureClass.REDELIVER
 
 
 def decompression_bomb_file() -> bytes:
@@ -102,6 +114,7 @@ HOSTILE_CASES = [
         (TENANTS / "evil_memory_hog.py").read_text(),
         FailureKind.EXIT_CODE,
         "OOM-killed inside its own cgroup: exit 137, redeliver",
+        gvisor_kind=FailureKind.SANDBOX_LOST,
     ),
     Hostile(
         "decompression_bomb",
@@ -117,6 +130,7 @@ HOSTILE_CASES = [
         FailureKind.TIMEOUT,
         "pids.max (64) stops it; the guest clock kills the whole group: timeout, redeliver",
         timeout=4,
+        gvisor_kind=FailureKind.SANDBOX_LOST,
     ),
     Hostile(
         "threads",
@@ -191,9 +205,14 @@ HOSTILE_CASES = [
         guest("kill_everything"),
         FailureKind.SANDBOX_LOST,
         "only its own sandbox's processes die: the sandbox is lost, redeliver; host untouched",
+        gvisor_kind=FailureKind.EXIT_CODE,
     ),
 ]
 HOSTILE = {case.name: case for case in HOSTILE_CASES}
+# Under gVisor a job that exhausts its sandbox's memory loses the sentry (sandbox_lost) instead of
+# being OOM-killed alone (exit 137), and kill(-1) spares the agent (the sandbox's PID 1 there): the
+# kind differs, the class (redeliver or dead-letter) must not.
+assert all(class_of(c.kind) is class_of(c.gvisor_kind) for c in HOSTILE_CASES if c.gvisor_kind)
 
 
 def hostile_files(case: Hostile) -> dict[str, bytes | str]:

@@ -38,6 +38,7 @@ from tests.reliability.catalogue import (
 )
 from tests.reliability.probes import FakeListener, Recorder, host_ip, outcome_text, secret_free
 from tests.support.procs import pids_matching, rss_and_fds
+from tests.support.server import GVISOR
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.reliability
@@ -99,12 +100,14 @@ def test_hostile_job_fails_alone(
 
     # The hostile job: one classified failure, the documented kind and class.
     assert not bad.ok, detail
-    assert bad.kind is case.kind, detail
+    assert bad.kind is case.expected_kind, detail
     assert bad.failure_class is case.failure_class, detail
-    if case.kind is FailureKind.EXIT_CODE and case.name in ("memory_hog", "decompression_bomb"):
+    # (gVisor: the sentry fails the allocation, the job ends with its own error, not SIGKILL)
+    oom_killed = case.expected_kind is FailureKind.EXIT_CODE and not GVISOR
+    if oom_killed and case.name in ("memory_hog", "decompression_bomb"):
         assert bad.exit_code == 137 and "SIGKILL" in bad.reason, detail
         assert "no wall" not in bad.stdout_tail, detail
-    if case.kind is FailureKind.TIMEOUT:
+    if case.expected_kind is FailureKind.TIMEOUT:
         assert bad.timings.exec >= case.timeout, detail
         assert bad.timings.exec < case.timeout + 60, detail  # cut at the deadline, not after minutes
         assert "no wall" not in bad.stdout_tail, detail
@@ -189,7 +192,9 @@ json.dump({{
     )
     assert first.ok and first.result == {"left": "everything"}, outcome_text(first)
     # The background process really ran on the host while the sandbox lived (so the checks can fail)...
-    assert seen_on_host == [True]
+    # (under gVisor a job's processes are the sentry's, not host processes: the check below is
+    # then the sandbox's own runsc processes, through the recorder's traces)
+    assert seen_on_host == [not GVISOR]
     # ...and is gone with the sandbox.
     assert host.wait_clean(recorder.traces[0], (f"sleep {marker}",)) == []
 

@@ -111,7 +111,10 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
     out = state.result()
     assert out["before"] == sibling_expected(0) and out["after"] == sibling_expected(1)
     for name in names:
-        assert out[name] == {"kind": HOSTILE[name].kind.value, "class": HOSTILE[name].failure_class.value}, (
+        assert out[name] == {
+            "kind": HOSTILE[name].expected_kind.value,
+            "class": HOSTILE[name].failure_class.value,
+        }, (
             name,
             out[name],
         )
