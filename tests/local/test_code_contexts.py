@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,9 +163,17 @@ def test_bad_input_is_a_json_4xx_naming_the_field(sb: Any, local_http: httpx.Cli
     assert local_http.delete(f"{base}/{cid}").status_code == 204
 
 
-def test_a_deleted_sandbox_is_a_clear_error(local_server: LocalServer) -> None:
-    sandbox = local_server.client().sandboxes.create(template="code-interpreter")
+def test_a_deleted_sandbox_is_a_clear_error_not_a_hang(local_server: LocalServer) -> None:
+    client = local_server.client()
+    sandbox = client.sandboxes.create(template="code-interpreter")
     ctx = sandbox.create_code_context()
-    sandbox.kill()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(ctx.run_code, "import time\ntime.sleep(60)", timeout_seconds=120)
+        time.sleep(1)
+        started = time.monotonic()
+        client.sandboxes.delete(sandbox.id)
+        with pytest.raises(pandastack.ServerError, match="not running"):
+            running.result(timeout=20)
+        assert time.monotonic() - started < 15
     with pytest.raises(pandastack.NotFoundError):
         ctx.run_code("1")
