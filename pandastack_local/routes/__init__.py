@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import code_contexts, exec, fs, lifecycle, sandboxes, service, templates, unsupported
+from . import code_contexts, exec, fs, lifecycle, repl, sandboxes, service, templates, unsupported
 
 ROUTERS: tuple[APIRouter, ...] = (
     service.router,
@@ -16,5 +16,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     fs.router,
     lifecycle.router,
     code_contexts.router,
+    repl.router,
     unsupported.router,
 )

@@ -51,19 +51,24 @@ async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -
     cmd = body.get("cmd")
     if not isinstance(cmd, str) or not cmd:  # whitespace runs, as on the real server (exit 0)
         raise ApiError(400, "cmd required")
-    if "\x00" in cmd:
-        raise ApiError(400, "cmd must not contain NUL bytes")
-    size = len(cmd.encode("utf-8", "surrogatepass"))
-    if size >= MAX_COMMAND_BYTES:
-        raise ApiError(
-            400,
-            f"cmd is {size} bytes; it must be under {MAX_COMMAND_BYTES} bytes (the kernel's limit for "
-            "one argument): write long scripts to a file with PUT fs and run that",
-        )
+    check_command(cmd, "cmd")
     timeout = int_field(body, "timeout_seconds", 0, minimum=0) or 0
     manager.running(sb.id)
     sb.log(f"$ {loggable(cmd)}")
     return {"op": "exec", "cmd": cmd, "timeout_seconds": timeout}
+
+
+def check_command(cmd: str, field: str) -> None:
+    """Refuse what no shell could be given: NUL bytes, or one argument past the kernel's limit."""
+    if "\x00" in cmd:
+        raise ApiError(400, f"{field} must not contain NUL bytes")
+    size = len(cmd.encode("utf-8", "surrogatepass"))
+    if size >= MAX_COMMAND_BYTES:
+        raise ApiError(
+            400,
+            f"{field} is {size} bytes; it must be under {MAX_COMMAND_BYTES} bytes (the kernel's limit for "
+            "one argument): write long scripts to a file with PUT fs and run that",
+        )
 
 
 @contextlib.contextmanager
@@ -128,8 +133,30 @@ async def client_gone(request: Request) -> None:
 @router.post("/exec")
 async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Response:
     req = await exec_request(request, manager, sb)
-    out = {STDOUT: CappedOutput("stdout"), STDERR: CappedOutput("stderr")}
     started = time.monotonic()
+    ran = await run_capped(request, manager, sb, req)
+    if ran is None:
+        return Response(status_code=CLIENT_CLOSED)
+    exit_code, out = ran
+    return JSONResponse(
+        {
+            "stdout": out[STDOUT].text(),
+            "stderr": out[STDERR].text(),
+            "exit_code": exit_code,
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "truncated": bool(out[STDOUT].dropped or out[STDERR].dropped),
+            "stdout_dropped_bytes": out[STDOUT].dropped,
+            "stderr_dropped_bytes": out[STDERR].dropped,
+        }
+    )
+
+
+async def run_capped(
+    request: Request, manager: SandboxManager, sb: Sandbox, req: dict[str, Any]
+) -> tuple[int, dict[int, CappedOutput]] | None:
+    """Run one agent exec to its end with capped output: (exit code, output), or None when the
+    client went away first (closing the connection makes the agent kill the process tree)."""
+    out = {STDOUT: CappedOutput("stdout"), STDERR: CappedOutput("stderr")}
     with exec_slot(sb), manager.activity(sb):
         conn = await agent_client.Connection.open(sb.process.socket_path, req)
         reading = asyncio.ensure_future(read_exec(conn, out))
@@ -137,9 +164,8 @@ async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Respon
         try:
             await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not reading.done():
-                # Closing the connection makes the agent kill the command's process tree.
                 sb.log("client disconnected: exec ended")
-                return Response(status_code=CLIENT_CLOSED)
+                return None
             final = reading.result()
         except agent_client.AgentUnavailable:
             await manager.agent_lost(sb)
@@ -157,17 +183,7 @@ async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Respon
         sb.log(f"error: {final['error']}")
         raise ApiError(500, str(final["error"]))
     sb.log(f"exit {final.get('exit_code')}")
-    return JSONResponse(
-        {
-            "stdout": stdout,
-            "stderr": stderr,
-            "exit_code": int(final.get("exit_code", -1)),
-            "duration_ms": int((time.monotonic() - started) * 1000),
-            "truncated": bool(out[STDOUT].dropped or out[STDERR].dropped),
-            "stdout_dropped_bytes": out[STDOUT].dropped,
-            "stderr_dropped_bytes": out[STDERR].dropped,
-        }
-    )
+    return int(final.get("exit_code", -1)), out
 
 
 def sse(event: str, data: dict[str, Any]) -> str:

@@ -48,3 +48,30 @@ def test_templates_list_get_and_me(local_http) -> None:
     assert (missing.status_code, missing.json()) == (404, {"error": "not found"})
     me = local_http.get("/v1/me")
     assert me.status_code == 200 and me.json()["orgs"] == [] and "user_id" in me.json()
+
+
+def test_one_shot_repl_and_languages(ps_client, local_http) -> None:
+    """The real agent's one-shot REPL (agent/internal/api/repl.go): a fresh interpreter per
+    snippet fed by a quoted heredoc, so shell syntax in the code is not expanded."""
+    langs = local_http.get("/v1/repl/languages")
+    assert langs.status_code == 200 and {"python", "py", "node", "js", "bash", "sh"} <= set(langs.json())
+    with ps_client.sandboxes.create(template="base") as sb:
+        url = f"/v1/sandboxes/{sb.id}/repl"
+        r = local_http.post(url, json={"code": "import sys\nprint(6 * 7, '$HOME `id`')\nsys.exit(3)"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["language"], body["stdout"], body["exit_code"]) == ("python", "42 $HOME `id`\n", 3)
+        node = local_http.post(url, json={"language": " JS ", "code": "console.error('x' + 1)"}).json()
+        assert (node["language"], node["stderr"], node["exit_code"]) == ("js", "x1\n", 0)
+        assert local_http.post(url, json={"code": "x = 1"}).json()["exit_code"] == 0
+        kept = local_http.post(url, json={"code": "print(x)"}).json()  # no state between snippets
+        assert kept["exit_code"] == 1 and "NameError" in kept["stderr"]
+        for bad, field in (
+            ({"language": "cobol", "code": "x"}, "unsupported language: cobol"),
+            ({"language": 5, "code": "x"}, "language"),
+            ({"code": 5}, "code"),
+            ({"code": "a\n__FCS_EOF__\nid"}, "__FCS_EOF__"),
+        ):
+            refused = local_http.post(url, json=bad)
+            assert refused.status_code == 400 and field in refused.json()["error"], (bad, refused.text)
+    assert local_http.post("/v1/sandboxes/no-such/repl", json={"code": "1"}).status_code == 404

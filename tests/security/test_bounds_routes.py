@@ -72,6 +72,10 @@ FIELDS: dict[tuple[str, str], dict[str, list[Any]]] = {
     ("POST", "/v1/sandboxes/{sandbox_id}/fork"): {"count": ["2", -1, 17, 1.5]},
     ("POST", "/v1/sandboxes/{sandbox_id}/fork-tree"): {"count": ["2", -1, 17]},
     ("POST", "/v1/sandboxes/{sandbox_id}/repl/sessions"): {"language": [5, "ruby"]},
+    ("POST", "/v1/sandboxes/{sandbox_id}/repl"): {
+        "language": [5, "cobol"],
+        "code": [5, ["x"], "a\n__FCS_EOF__\nid", "x" * (128 * 1024)],
+    },
     ("POST", "/v1/sandboxes/{sandbox_id}/repl/sessions/{context_id}/run"): {
         "code": [None, 5, ""],
         "timeout_ms": ["5", -1, 1.5, 10**12],
