@@ -76,8 +76,9 @@ runsc:
 # LocalServer's default backend, so each suite's server fixture follows it): tests/local (with
 # the gVisor backend's own tests/local/test_gvisor.py), tests/security and the hostile-job matrix
 # (core + Airflow files; the Prefect file runs the same core lifecycle in the other venv and is
-# left out to keep this leg under 10 min). Where a wall works differently under gVisor the test
-# states each backend's outcome; the redeliver/dead-letter class never differs.
+# left out to keep this leg under 10 min: 500 s here, beside other suites). Where a wall works
+# differently under gVisor the test states each backend's outcome; the redeliver/dead-letter
+# class never differs.
 test-gvisor: venvs templates runsc
 	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q tests/local tests/security $(PYTEST_ARGS)
 	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
