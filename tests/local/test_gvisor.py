@@ -19,6 +19,7 @@ import pandastack
 import pytest
 
 from pandastack_local import LocalServer
+from tests.local.test_isolation import cgroup_dirs
 from tests.support.server import fail_on_leftovers
 
 
@@ -51,10 +52,8 @@ def host_traces(server: LocalServer, sandbox_id: str) -> list[str]:
                 continue
             if sandbox_id.encode() in cmdline:
                 found.append(f"process {entry}: {cmdline[:120]!r}")
-    for ctrl in ("memory", "pids", "cpu", "freezer", "cpu,cpuacct"):
-        base = Path("/sys/fs/cgroup", ctrl)
-        if base.is_dir():
-            found += [f"cgroup {p}" for p in base.rglob(sandbox_id)]
+    # (the bounded walk of test_isolation: other servers' cgroups come and go meanwhile)
+    found += [f"cgroup {p}" for p in cgroup_dirs(sandbox_id)]
     if (server.state_dir / "sandboxes" / sandbox_id).exists():
         found.append(f"state dir {server.state_dir / 'sandboxes' / sandbox_id}")
     if server.pid is not None and sandbox_id in Path(f"/proc/{server.pid}/mountinfo").read_text():
