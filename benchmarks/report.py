@@ -260,6 +260,39 @@ upload, the exec over HTTP, the delete, and the engine's API traffic through the
 """
 
 
+def executor_section() -> str:
+    e = load("executor")
+    if not e:
+        return ""
+    rows = [
+        [f"`{kind}`", "queued -> end per task", *ms(e[kind]["queued_to_end"])]
+        for kind in ("local", "pandastack")
+    ] + [[f"`{kind}`", "whole run", *ms(e[kind]["run_wall"])] for kind in ("local", "pandastack")]
+    parts = [[step, value] for step, value in e["pandastack"]["breakdown_p50_ms"].items()]
+    parts.append(
+        [
+            "LocalExecutor: queued -> start / start -> end",
+            f"{e['local']['queued_to_start_p50_ms']} / {e['local']['start_to_end_p50_ms']}",
+        ]
+    )
+    return f"""## Airflow executor: `PandaStackExecutor` vs `LocalExecutor`
+
+One scheduler with both executors (SQLite, one api-server), the same DAG of {e["tasks"]} independent
+trivial `@task`s run on each, alternating, {e["rounds"]} runs each after a warm-up
+(`benchmarks/executor.py`). Times are Airflow's own TI timestamps (`queued_dttm`, `start_date`,
+`end_date`), the sandbox launch time the executor persists, and when the sandbox leaves the
+server's list.
+
+{table(["executor", "what", "N", "p50 ms", "p99 ms", "mean ms"], rows)}
+
+**Per task, queued to end: PandaStackExecutor / LocalExecutor = {e["ratio_p50_queued_to_end"]} at
+the median (+{e["extra_ms_per_task_p50"]} ms); whole run: {e["ratio_p50_run_wall"]}x.** Where a
+PandaStack try's time goes (p50 ms):
+
+{table(["step", "p50 ms"], parts)}
+"""
+
+
 def warm_section(targets: list[list[Any]]) -> str:
     w = load("warm")
     if not w:
@@ -573,6 +606,7 @@ def write_report() -> Path:
         breakdown_section(),
         isolation_section(),
         prefect_worker_section(),
+        executor_section(),
         warm_section(targets),
         scale_section(),
         local_server_section(targets),

@@ -37,6 +37,8 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("prefect_overhead", PREFECT_PYTHON, "benchmarks.prefect_overhead", ["--rounds", "30", "--batch", "2"],
      ["--rounds", "4", "--batch", "2"]),
     ("prefect_worker", PREFECT_PYTHON, "benchmarks.prefect_worker", ["--rounds", "8"], ["--rounds", "2"]),
+    ("executor", AF, "benchmarks.executor", ["--tasks", "6", "--rounds", "2"],
+     ["--tasks", "3", "--rounds", "1"]),
     ("breakdown", AF, "benchmarks.breakdown", ["--rounds", "10", "--batch", "2"], ["--rounds", "2"]),
     ("isolation", AF, "benchmarks.isolation", ["--rounds", "20", "--batch", "2"], ["--rounds", "2"]),
     ("warm", AF, "benchmarks.warm", ["--rounds", "6"], ["--rounds", "2"]),
