@@ -279,9 +279,11 @@ def executor_section() -> str:
 
 One scheduler with both executors (SQLite, one api-server), the same DAG of {e["tasks"]} independent
 trivial `@task`s run on each, alternating, {e["rounds"]} runs each after a warm-up
-(`benchmarks/executor.py`). Times are Airflow's own TI timestamps (`queued_dttm`, `start_date`,
-`end_date`), the sandbox launch time the executor persists, and when the sandbox leaves the
-server's list.
+(`benchmarks/executor.py`, measured {e["machine"]["when"]}, load {e["machine"]["load_avg"]}). Times
+are Airflow's own TI timestamps (`queued_dttm`, `start_date`, `end_date`), the sandbox launch
+time the executor persists, and when the sandbox leaves the server's list. LocalExecutor's
+workers are forked with Airflow imported; each sandbox starts a fresh interpreter, imports
+Airflow and parses the DAG: that start-up is most of the ratio.
 
 {table(["executor", "what", "N", "p50 ms", "p99 ms", "mean ms"], rows)}
 
