@@ -5,7 +5,8 @@
 # working one (>= 0.0~20240729). The backports source is derived from this machine's own
 # Debian source entry (deb822 debian.sources or sources.list), written to a temporary
 # list, used for this one install and removed again: no registry host is named here.
-# Idempotent: exits at once when a good runsc is installed and runs a container.
+# Idempotent: exits at once when a good runsc is installed and runs a container
+# (RUNSC_REINSTALL=1 goes through the install anyway).
 set -euo pipefail
 
 MIN_VERSION="0.0~20240729"
@@ -46,7 +47,7 @@ JSON
     return "$rc"
 }
 
-if version_ok && command -v "$RUNSC" >/dev/null && smoke; then
+if [ -z "${RUNSC_REINSTALL:-}" ] && version_ok && command -v "$RUNSC" >/dev/null && smoke; then
     log "runsc $(dpkg-query -W -f='${Version}' runsc) is installed and runs containers"
     exit 0
 fi
@@ -84,7 +85,8 @@ trap 'rm -f "$list"' EXIT
     [ -n "$keyring" ] && echo "Signed-By: $keyring"
 } >"$list"
 log "installing runsc from bookworm-backports (source derived from $uri)"
-apt-get update -qq -o Dir::Etc::sourcelist="$list" -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0
+# Every list, not only backports': a fresh machine may never have run `apt-get update`.
+apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports runsc >/dev/null
 rm -f "$list"
 trap - EXIT
