@@ -164,6 +164,9 @@ def stack(group: ProcessGroup, postgres: Postgres, redis: Redis) -> Iterator[Exe
             seen.stop.set()
             sampler.join(timeout=10)
             worker.stop()
+            for proc in group.procs:  # before the server, which their executor would miss at every sweep
+                if proc.name.startswith("executor-scheduler"):
+                    proc.stop()
 
 
 def reports(stack: ExecutorStack, dag_id: str, run_id: str, task_ids: list[str]) -> dict[str, Any]:
