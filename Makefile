@@ -45,8 +45,18 @@ typecheck: venvs
 # tests/local/test_gvisor.py needs runsc: `make test-gvisor` runs it (after `make runsc`).
 NO_GVISOR := --ignore=tests/local/test_gvisor.py
 
+# The executor's tests get pytest processes of their own: in one process with them, the
+# SIGKILLed-worker test of test_airflow_kill.py found none of its worker's writes in the session's
+# SQLite DB (WAL mode, written by dag.test in this process), and the scheduler-stack test, which
+# starts from a copy of that DB, saw every try fail when the unit tests ran before it in its
+# process. Each passes in a process of its own; the cause is not pinned down yet.
+EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
+EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
 test-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) $(PYTEST_ARGS)
+	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) \
+		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
+	$(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
+	$(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
 test-prefect: venvs templates
 	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
