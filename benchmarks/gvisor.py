@@ -1,16 +1,23 @@
 """(issue 15) bwrap beside gVisor, in one run: what the guest-kernel boundary costs here.
 
 Run: ``python -m benchmarks.gvisor [--n N]``. For each backend, its own pandastack-local:
-create from the warm pool, a cold create (pool off), the Python JSON job through
-``run_job``, fork (bwrap: a cold sandbox + the parent's disk copied; gVisor: checkpoint +
-restore, memory copied), the memory one idle sandbox holds (its memory cgroup's usage) and
-the CPU one JSON job costs (its sandbox's processes' CPU time while the job runs). The report sets the
-seed's Firecracker figures beside them.
+create from the warm pool, a cold create (pool off; under gVisor a restore of the template's
+boot image), the Python JSON job through ``run_job`` (with the pool refilled between jobs, and
+back to back, where the pool runs dry), the job's own interpreter start (``python3 -c 'import
+json'`` through exec), fork (bwrap: a cold sandbox + the parent's disk copied; gVisor:
+checkpoint + restore, memory copied), the memory one idle sandbox holds (its memory cgroup's
+usage) and the CPU one JSON job costs (its sandbox's processes' CPU time while the job runs).
+Then runsc's own floor here, with nothing inside: ``runsc run``, ``checkpoint`` and ``restore``
+of an empty container. The report sets the seed's Firecracker figures beside them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -95,8 +102,6 @@ def cgroup_cpu_ms(procs: Path) -> float:
 
 def job_cpu_ms(client: Any, n: int) -> float:
     """CPU time one JSON job costs its sandbox (write the files, run, read the result)."""
-    import json
-
     samples = []
     for _ in range(n):
         sb = client.sandboxes.create()
@@ -116,6 +121,72 @@ def job_cpu_ms(client: Any, n: int) -> float:
     return round(samples[len(samples) // 2], 1)
 
 
+def pooled_jobs(client: Any, n: int) -> list[float]:
+    """The JSON job with a sandbox waiting in the pool: the job's own latency, not the pool's
+    refill rate (the back-to-back figure shows that)."""
+    samples = []
+    for _ in range(n):
+        time.sleep(1.0)  # let the pool refill (untimed)
+        samples.append(timed(lambda: core_job(client)))
+    return samples
+
+
+def interpreter_starts(client: Any, n: int) -> list[float]:
+    """``python3 -c 'import json'`` through exec in one sandbox: the JSON job's interpreter."""
+    sb = client.sandboxes.create()
+    try:
+        sb.exec("python3 -c 'import json'")
+        return [timed(lambda: sb.exec("python3 -c 'import json'")) for _ in range(n)]
+    finally:
+        sb.kill()
+
+
+def runsc_floor(n: int) -> dict[str, Any]:
+    """runsc's own costs here with nothing inside (``sleep`` in an empty root, no agent, the
+    server's flags): what no gVisor sandbox can start, checkpoint or restore below."""
+    from pandastack_local.gvisor import RUNSC_FLAGS, check_runsc
+
+    runsc, _ = check_runsc(None)
+    base = Path(tempfile.mkdtemp(prefix="gvfloor-", dir="/tmp"))
+    try:
+        (base / "rootfs" / "usr").mkdir(parents=True)
+        for name in ("bin", "lib", "lib64"):
+            if Path("/", name).is_symlink():
+                (base / "rootfs" / name).symlink_to(os.readlink(Path("/", name)))
+        config = {
+            "ociVersion": "1.0.2",
+            "process": {"args": ["/usr/bin/sleep", "600"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "root": {"path": str(base / "rootfs"), "readonly": True},
+            "mounts": [{"destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro"]}],
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+        }
+        (base / "config.json").write_text(json.dumps(config))
+        out: dict[str, list[float]] = {"run": [], "checkpoint": [], "restore": []}
+
+        def runsc_cmd(state: str, *args: str) -> float:
+            """Seconds one runsc command takes (--detach: it returns once the container runs)."""
+            argv = [runsc, "--root", str(base / state), *RUNSC_FLAGS, *args]
+            started = time.perf_counter()
+            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            return time.perf_counter() - started
+
+        for i in range(n):
+            image = str(base / f"image-{i}")
+            out["run"].append(runsc_cmd("s", "run", "--detach", "--bundle", str(base), f"a{i}"))
+            out["checkpoint"].append(
+                runsc_cmd("s", "checkpoint", "--compression=none", "--image-path", image, f"a{i}")
+            )
+            runsc_cmd("s", "delete", "--force", f"a{i}")
+            out["restore"].append(
+                runsc_cmd("r", "restore", "--detach", "--image-path", image, "--bundle", str(base), f"b{i}")
+            )
+            runsc_cmd("r", "delete", "--force", f"b{i}")
+            shutil.rmtree(image, ignore_errors=True)
+        return {k: summary(v) for k, v in out.items()}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def measure(isolation: str, n: int) -> dict[str, Any]:
     from pandastack_local import LocalServer
 
@@ -124,7 +195,9 @@ def measure(isolation: str, n: int) -> dict[str, Any]:
         client = server.client()
         time.sleep(3)
         out["pool_create"] = summary(pool_creates(server, n))
-        out["json_job"] = summary([timed(lambda: core_job(client)) for _ in range(n)])
+        out["json_job"] = summary(pooled_jobs(client, n))
+        out["json_job_burst"] = summary([timed(lambda: core_job(client)) for _ in range(n)])
+        out["interpreter_start"] = summary(interpreter_starts(client, n))
         out["fork"] = summary(forks(client, n))
         out["idle_memory_mib"] = idle_memory_mib(client)
         out["job_cpu_ms"] = job_cpu_ms(client, max(3, n // 2))
@@ -146,6 +219,8 @@ def main() -> None:
     for isolation in BACKENDS:
         log(f"gvisor: {isolation}, N = {args.n}")
         data[isolation] = measure(isolation, args.n)
+    log("gvisor: runsc floor")
+    data["runsc_floor"] = runsc_floor(args.n)
     log(f"gvisor written to {write_json('gvisor', data)}")
 
 

@@ -19,12 +19,19 @@ makes it unrestorable), ``runsc checkpoint --leave-running`` writes the image,
 the parent's agent listens again, and ``runsc restore`` starts each child from
 the image with its own bundle and socket dir. No process is ever started by
 ``runsc exec`` (the agent owns every process), which is what a restore needs.
+
+Cold creates restore too, from a boot image: the first sandbox of a template boots
+with ``runsc run`` and the server checkpoints one more, freshly booted and never
+used, as that template's image (as PandaStack restores microVMs from a template
+snapshot). Each later create restores it, so the agent's interpreter start is paid
+once per template, not per sandbox.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -209,6 +216,9 @@ class GvisorBackend:
         self.runsc, self.version = check_runsc(runsc)
         self.guest_dir = Path()
         self.rootfs = Path()
+        self.images_dir = Path()
+        # Boot images by template (see boot_image_key); a create restores one when it exists.
+        self.boot_images: dict[str, Path] = {}
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
         return sandboxes_dir / name / "s" / "agent.sock"
@@ -219,6 +229,9 @@ class GvisorBackend:
     def start(self, guest_dir: Path, templates: list[Template]) -> None:
         self.guest_dir = guest_dir
         self.rootfs = prepare_skeleton(guest_dir.parent / "gvisor-root")
+        self.images_dir = guest_dir.parent / "gvisor-images"
+        shutil.rmtree(self.images_dir, ignore_errors=True)
+        self.images_dir.mkdir(mode=0o700)
 
     def expose_built(self, path: Path) -> None:
         """runsc runs as root and reads every bind source where it is."""
@@ -252,11 +265,40 @@ class GvisorBackend:
         proc = isolation.launch(argv, procs_files, pdeathsig=True)
         (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
         return isolation.SandboxProcess(
-            name=name, proc=proc, directory=directory, socket_path=self.socket_path(sandboxes_dir, name)
+            name=name,
+            proc=proc,
+            directory=directory,
+            socket_path=self.socket_path(sandboxes_dir, name),
+            restored=resume,
         )
 
     def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+        """Restore the template's boot image when there is one, else boot."""
+        image = self.boot_images.get(boot_image_key(template))
+        if image is not None:
+            return self.restore(name, template, sandboxes_dir, image)
+        return self.boot(name, template, sandboxes_dir)
+
+    def boot(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+        """A sandbox from nothing: ``runsc run``, the agent starts its interpreter."""
         return self._launch(name, template, sandboxes_dir, ["run"], resume=False)
+
+    def has_boot_image(self, template: Template) -> bool:
+        return boot_image_key(template) in self.boot_images
+
+    def save_boot_image(self, sp: isolation.SandboxProcess, template: Template) -> None:
+        """Checkpoint ``sp`` (booted, quiesced, never used) as the template's boot image; it stops."""
+        key = boot_image_key(template)
+        image = self.images_dir / key
+        shutil.rmtree(image, ignore_errors=True)
+        self.checkpoint(sp, image, leave_running=False)
+        self.boot_images[key] = image
+
+    def drop_boot_image(self, template: Template) -> None:
+        """A boot image that did not restore: later creates boot again."""
+        image = self.boot_images.pop(boot_image_key(template), None)
+        if image is not None:
+            shutil.rmtree(image, ignore_errors=True)
 
     def restore(
         self, name: str, template: Template, sandboxes_dir: Path, image: Path
@@ -266,12 +308,12 @@ class GvisorBackend:
             name, template, sandboxes_dir, ["restore", "--image-path", str(image)], resume=True
         )
 
-    def checkpoint(self, sp: isolation.SandboxProcess, image: Path) -> None:
-        """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running."""
+    def checkpoint(self, sp: isolation.SandboxProcess, image: Path, leave_running: bool = True) -> None:
+        """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running unless told."""
         argv = self._runsc(
             sp.directory,
             "checkpoint",
-            "--leave-running",
+            *(["--leave-running"] if leave_running else []),
             "--compression=none",
             "--image-path",
             str(image),
@@ -301,4 +343,12 @@ class GvisorBackend:
         return isolation.reap_leftovers(sandboxes_dir, self.cgroups)
 
     def close(self) -> None:
-        pass
+        self.boot_images.clear()
+        shutil.rmtree(self.images_dir, ignore_errors=True)
+
+
+def boot_image_key(template: Template) -> str:
+    """One boot image per template as it is now: a rebuilt template (new environment, new
+    limits) gets a new image, since the agent's limits and environment are in the image."""
+    ident = json.dumps([template.name, str(template.built), dataclasses.astuple(template)], default=str)
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]

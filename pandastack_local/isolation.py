@@ -103,6 +103,8 @@ class SandboxProcess:
     socket_path: Path
     # Run by kill() before the processes go (e.g. the egress relay closes its listeners).
     on_kill: list[Callable[[], None]] = field(default_factory=list)
+    # Started from a checkpoint image (gVisor: a boot image or a fork), not booted.
+    restored: bool = False
 
     @property
     def pid(self) -> int:

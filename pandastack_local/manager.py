@@ -25,6 +25,7 @@ from typing import Any
 
 from . import agent_client, isolation, pythonenv
 from .backends import BwrapBackend, make_backend
+from .boot_images import BootImages
 from .cgroups import Cgroups
 from .config import ServerConfig
 from .egress import EgressError, EgressRelay, parse_rules
@@ -119,6 +120,11 @@ class SandboxManager:
                 "--allow-egress is not supported with --isolation gvisor (its sandboxes have no "
                 "network at all): use --isolation bwrap for jobs that need a host endpoint"
             )
+        self.boot_images = (
+            BootImages(self.backend, self.sandboxes_dir, self._ready, self._kill)
+            if isinstance(self.backend, GvisorBackend)
+            else None
+        )
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
@@ -159,6 +165,8 @@ class SandboxManager:
 
     async def close(self) -> None:
         await self.builds.close()
+        if self.boot_images is not None:
+            await self.boot_images.close()
         for task in self._tasks:
             task.cancel()
         victims = [sb.process for sb in self.sandboxes.values()]
@@ -276,7 +284,8 @@ class SandboxManager:
             boot_mode=mode,
             isolation=self.backend.name,
         )
-        sb.log(f"sandbox {sb.id} created from template {template.name} ({mode})")
+        how = f"{mode}, restored from the template's boot image" if process.restored else mode
+        sb.log(f"sandbox {sb.id} created from template {template.name} ({how})")
         self.sandboxes[sb.id] = sb
         return sb
 
@@ -293,6 +302,8 @@ class SandboxManager:
         return await self._spawn_ready(template), "cold"
 
     async def _spawn_ready(self, template: Template) -> isolation.SandboxProcess:
+        if self.boot_images is not None:
+            return await self.boot_images.spawn_ready(template)
         process = self.backend.spawn(str(uuid.uuid4()), template, self.sandboxes_dir)
         return await self._ready(process)
 

@@ -254,3 +254,85 @@ def test_the_warm_fork_example_keeps_its_model_in_memory(gclient: Any) -> None:
     assert len({r["model_built_at"] for r in results}) == 1
     # The same process of the parent answered in each child: it was copied, not started again.
     assert len({r["model_served_by"] for r in results}) == 1 and results[0]["model_served_by"]
+
+
+def _wait_for_boot_image(server: LocalServer, timeout: float = 60.0) -> list[Path]:
+    images = server.state_dir / "gvisor-images"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        made = [p for p in images.iterdir() if (p / "checkpoint.img").exists()] if images.is_dir() else []
+        if made and "boot image of template" in server.log_tail(200):
+            return made
+        time.sleep(0.2)
+    raise AssertionError(f"no boot image after {timeout}s:\n{server.log_tail()}")
+
+
+def _created_how(sb: Any) -> str:
+    return next(line for line in sb.logs() if "created from template" in line)
+
+
+@pytest.fixture
+def short_state_dir() -> Iterator[Path]:
+    """A state dir of the server's own, short enough for the agents' socket paths."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gvi-", dir="/tmp"))
+    yield path / "state"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_cold_creates_restore_the_templates_boot_image(short_state_dir: Path) -> None:
+    """The first cold create boots; the server checkpoints a fresh sandbox as the template's
+    boot image and later cold creates restore it. Restored sandboxes are independent copies of
+    a never-used sandbox: what one does is not in the other, and delete leaves no trace."""
+    with LocalServer(isolation="gvisor", pool_size=0, state_dir=short_state_dir) as server:
+        client = server.client()
+        first = client.sandboxes.create()
+        assert "restored" not in _created_how(first)
+        first.exec("echo first > /work/mark && sleep 3600 &")
+        (image,) = _wait_for_boot_image(server)
+        a, b = client.sandboxes.create(), client.sandboxes.create()
+        try:
+            for sb in (a, b):
+                assert sb.boot_mode == "cold"
+                assert "restored from the template's boot image" in _created_how(sb)
+                # A never-used sandbox: nothing of the first one, nothing of the other restored one.
+                assert sb.exec("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
+                assert "sleep 3600" not in sb.exec("ps -eo args").stdout
+            a.exec("echo a > /work/mark")
+            assert b.exec("cat /work/mark").exit_code != 0
+            assert a.exec("cat /work/mark").stdout.strip() == "a"
+            # The template's limits hold in a restored sandbox as in a booted one.
+            limits = a.exec("ulimit -n; ulimit -u").stdout.split()
+            assert limits == first.exec("ulimit -n; ulimit -u").stdout.split()
+        finally:
+            for sb in (first, a, b):
+                sb.kill()
+        for sb in (first, a, b):
+            assert host_traces(server, sb.id) == []
+    # The server's shutdown removes the image with its state.
+    assert not image.exists()
+
+
+def test_a_boot_image_that_does_not_restore_falls_back_to_a_boot(short_state_dir: Path) -> None:
+    """A damaged image costs one failed restore, never a failed create: the server drops it
+    and boots (and does not try to restore it again)."""
+    with LocalServer(isolation="gvisor", pool_size=0, state_dir=short_state_dir) as server:
+        client = server.client()
+        client.sandboxes.create().kill()
+        (image,) = _wait_for_boot_image(server)
+        (image / "checkpoint.img").write_bytes(b"not a checkpoint")
+        sb = client.sandboxes.create()
+        try:
+            assert "restored" not in _created_how(sb)
+            assert sb.exec("echo up").stdout.strip() == "up"
+            assert "boot image did not restore" in server.log_tail(200)
+            assert not image.exists()
+        finally:
+            sb.kill()
+        again = client.sandboxes.create()
+        try:
+            assert "restored" not in _created_how(again)
+        finally:
+            again.kill()
