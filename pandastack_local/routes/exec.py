@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -137,25 +138,35 @@ async def exec_cmd(request: Request, manager: Manager, sb: SandboxDep) -> Respon
     ran = await run_capped(request, manager, sb, req)
     if ran is None:
         return Response(status_code=CLIENT_CLOSED)
-    exit_code, out = ran
     return JSONResponse(
         {
-            "stdout": out[STDOUT].text(),
-            "stderr": out[STDERR].text(),
-            "exit_code": exit_code,
+            "stdout": ran.stdout,
+            "stderr": ran.stderr,
+            "exit_code": ran.exit_code,
             "duration_ms": int((time.monotonic() - started) * 1000),
-            "truncated": bool(out[STDOUT].dropped or out[STDERR].dropped),
-            "stdout_dropped_bytes": out[STDOUT].dropped,
-            "stderr_dropped_bytes": out[STDERR].dropped,
+            "truncated": bool(ran.stdout_dropped or ran.stderr_dropped),
+            "stdout_dropped_bytes": ran.stdout_dropped,
+            "stderr_dropped_bytes": ran.stderr_dropped,
         }
     )
 
 
+@dataclass(frozen=True)
+class ExecResult:
+    """One finished exec: its exit code and each stream's text (decoded once) and dropped bytes."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    stdout_dropped: int
+    stderr_dropped: int
+
+
 async def run_capped(
     request: Request, manager: SandboxManager, sb: Sandbox, req: dict[str, Any]
-) -> tuple[int, dict[int, CappedOutput]] | None:
-    """Run one agent exec to its end with capped output: (exit code, output), or None when the
-    client went away first (closing the connection makes the agent kill the process tree)."""
+) -> ExecResult | None:
+    """Run one agent exec to its end with capped output, or None when the client went away
+    first (closing the connection makes the agent kill the process tree)."""
     out = {STDOUT: CappedOutput("stdout"), STDERR: CappedOutput("stderr")}
     with exec_slot(sb), manager.activity(sb):
         conn = await agent_client.Connection.open(sb.process.socket_path, req)
@@ -183,7 +194,8 @@ async def run_capped(
         sb.log(f"error: {final['error']}")
         raise ApiError(500, str(final["error"]))
     sb.log(f"exit {final.get('exit_code')}")
-    return int(final.get("exit_code", -1)), out
+    code = int(final.get("exit_code", -1))
+    return ExecResult(code, stdout, stderr, out[STDOUT].dropped, out[STDERR].dropped)
 
 
 def sse(event: str, data: dict[str, Any]) -> str:

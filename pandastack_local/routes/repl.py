@@ -13,7 +13,6 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..agent import STDERR, STDOUT
 from ..manager import ApiError
 from .deps import Manager, SandboxDep, json_body
 from .exec import CLIENT_CLOSED, check_command, run_capped
@@ -60,13 +59,12 @@ async def run_snippet(request: Request, manager: Manager, sb: SandboxDep) -> Res
     ran = await run_capped(request, manager, sb, {"op": "exec", "cmd": cmd, "timeout_seconds": 0})
     if ran is None:
         return Response(status_code=CLIENT_CLOSED)
-    exit_code, out = ran
     return JSONResponse(
         {
             "language": language,
-            "stdout": out[STDOUT].text(),
-            "stderr": out[STDERR].text(),
-            "exit_code": exit_code,
+            "stdout": ran.stdout,
+            "stderr": ran.stderr,
+            "exit_code": ran.exit_code,
             "duration_ms": int((time.monotonic() - started) * 1000),
         }
     )
