@@ -269,6 +269,8 @@ class SandboxManager:
         started = time.monotonic()
         try:
             process, mode = await self._take_process(template)
+            if mode == "cold" and process.restored:
+                mode = "snapshot"  # the real server's word for a create restored from a snapshot
         finally:
             self.pending -= 1
             self.pending_memory_mb -= template.memory_mb

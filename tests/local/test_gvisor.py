@@ -289,13 +289,13 @@ def test_cold_creates_restore_the_templates_boot_image(short_state_dir: Path) ->
     with LocalServer(isolation="gvisor", pool_size=0, state_dir=short_state_dir) as server:
         client = server.client()
         first = client.sandboxes.create()
-        assert "restored" not in _created_how(first)
+        assert first.boot_mode == "cold" and "restored" not in _created_how(first)
         first.exec("echo first > /work/mark && sleep 3600 &")
         (image,) = _wait_for_boot_image(server)
         a, b = client.sandboxes.create(), client.sandboxes.create()
         try:
             for sb in (a, b):
-                assert sb.boot_mode == "cold"
+                assert sb.boot_mode == "snapshot"  # the real server's word for a restored create
                 assert "restored from the template's boot image" in _created_how(sb)
                 # A never-used sandbox: nothing of the first one, nothing of the other restored one.
                 assert sb.exec("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
@@ -325,7 +325,7 @@ def test_a_boot_image_that_does_not_restore_falls_back_to_a_boot(short_state_dir
         (image / "checkpoint.img").write_bytes(b"not a checkpoint")
         sb = client.sandboxes.create()
         try:
-            assert "restored" not in _created_how(sb)
+            assert sb.boot_mode == "cold" and "restored" not in _created_how(sb)
             assert sb.exec("echo up").stdout.strip() == "up"
             assert "boot image did not restore" in server.log_tail(200)
             assert not image.exists()
