@@ -376,7 +376,9 @@ def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
     for hook in sp.on_kill:
         with contextlib.suppress(Exception):
             hook()
-    victims = host_descendants(sp.pid) if sp.alive() else []
+    # Every process of the sandbox is in its cgroups (joined before bwrap or runsc started), and
+    # cgroups.remove kills them there: the /proc walk is only for a host with no cgroups.
+    victims = host_descendants(sp.pid) if sp.alive() and not cgroups.bases else []
     with contextlib.suppress(OSError):
         sp.proc.send_signal(signal.SIGKILL)
     for pid in victims:
