@@ -300,6 +300,9 @@ def test_cold_creates_restore_the_templates_boot_image(short_state_dir: Path) ->
                 # A never-used sandbox: nothing of the first one, nothing of the other restored one.
                 assert sb.exec("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
                 assert "sleep 3600" not in sb.exec("ps -eo args").stdout
+            # Clones of one image, yet each draws its own randomness (getrandom and /dev/urandom).
+            draw = "python3 -c 'import os; print(os.urandom(16).hex())'; od -An -N16 -tx1 /dev/urandom"
+            assert a.exec(draw).stdout != b.exec(draw).stdout
             a.exec("echo a > /work/mark")
             assert b.exec("cat /work/mark").exit_code != 0
             assert a.exec("cat /work/mark").stdout.strip() == "a"
