@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-conformance test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -99,8 +99,12 @@ test-gvisor: venvs templates runsc
 # Wire parity with PandaStack (docs/local-server.md, "Differences from PandaStack"): our route and
 # field tests, and the pinned pandastack sdist's own live e2e tests and examples, downloaded at test
 # time with the machine's pip configuration; the server is tested in both venvs.
-test-conformance: venvs templates
+# The two legs are independent (each its own fresh server and download): `make -j2 test-conformance`
+# runs them side by side (CI does).
+test-conformance: test-conformance-airflow test-conformance-prefect
+test-conformance-airflow: venvs templates
 	$(AF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
+test-conformance-prefect: venvs templates
 	$(PF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
 
 # Hostile-job matrix and fault injection (docs/reliability.md): core + Airflow files in the Airflow
