@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +44,38 @@ def connection_env(
     return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(value)}
 
 
+def migrated_db_cache() -> Path:
+    """Where this venv keeps a freshly migrated SQLite DB, keyed by every installed distribution.
+
+    ``airflow db migrate`` of an empty SQLite DB yields the same file for the same installed
+    Airflow (no connections, only ``default_pool``), so each pytest process of a run (CI has
+    about six with Airflow) copies it instead of migrating again. Inside the venv: ``make clean``
+    removes it with the venv, and any install or upgrade changes the key.
+    """
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    key = hashlib.sha256("\n".join(dists).encode()).hexdigest()[:16]
+    return Path(sys.prefix) / ".pandastack-test-cache" / f"airflow-migrated-{key}.db"
+
+
 def migrate_db() -> Path:
-    """``airflow db migrate`` once per AIRFLOW_HOME (SQLite); returns the home."""
+    """``airflow db migrate`` once per AIRFLOW_HOME (SQLite); returns the home.
+
+    A fresh home gets a copy of the venv's migrated DB (:func:`migrated_db_cache`) when there is
+    one; otherwise it migrates and leaves its DB there for the next process.
+    """
     home = Path(os.environ["AIRFLOW_HOME"])
     if not (home / ".migrated").exists():
-        proc = airflow_cli("db", "migrate", timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        cached, db = migrated_db_cache(), home / "airflow.db"
+        if cached.exists() and not db.exists():
+            shutil.copyfile(cached, db)
+        else:
+            proc = airflow_cli("db", "migrate", timeout=300)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            if not cached.exists():
+                cached.parent.mkdir(exist_ok=True)
+                partial = cached.with_suffix(f".{os.getpid()}.partial")
+                shutil.copyfile(db, partial)
+                partial.replace(cached)  # atomic: a concurrent process sees all of it or nothing
         (home / ".migrated").touch()
     return home
 
