@@ -48,8 +48,9 @@ class BootImages:
                 log.warning("template %s's boot image did not restore (%s): booting", template.name, exc)
                 self.backend.drop_boot_image(template)
         process = await self.ready(self.backend.boot(str(uuid.uuid4()), template, self.sandboxes_dir))
-        if boot_image_key(template) not in self.tried:
-            self.tried.add(boot_image_key(template))
+        key = boot_image_key(template)
+        if key not in self.tried:
+            self.tried.add(key)
             self.tasks.append(asyncio.create_task(self._make(template)))
         return process
 

@@ -350,5 +350,5 @@ class GvisorBackend:
 def boot_image_key(template: Template) -> str:
     """One boot image per template as it is now: a rebuilt template (new environment, new
     limits) gets a new image, since the agent's limits and environment are in the image."""
-    ident = json.dumps([template.name, str(template.built), dataclasses.astuple(template)], default=str)
+    ident = json.dumps(dataclasses.astuple(template), default=str)  # name, limits, env, built dir...
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
