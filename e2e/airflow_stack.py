@@ -119,7 +119,7 @@ class AirflowStack:
             f"DAG {dag_id} to be parsed",
             lambda: self.request("GET", f"/dags/{dag_id}"),
             timeout=timeout,
-            interval=2,
+            interval=0.5,
             on_timeout=lambda: "import errors: " + import_errors(),
         )
 
@@ -137,7 +137,7 @@ class AirflowStack:
             f"DAG run {dag_id}/{run_id} to finish",
             lambda: self.dag_run(dag_id, run_id),
             timeout=timeout,
-            interval=2,
+            interval=0.5,
             check=lambda r: r["state"] in TERMINAL,
             on_timeout=lambda: json.dumps(self.task_instances(dag_id, run_id))[:4000],
         )
@@ -230,7 +230,7 @@ def start_airflow(group: ProcessGroup, pg: Postgres, redis: Redis, ps: PandaStac
         "the Airflow API server",
         stack.token,
         timeout=180,
-        interval=2,
+        interval=0.5,
         abort=abort,
         on_timeout=lambda: group.get("airflow-api-server").tail(),
     )

@@ -110,7 +110,7 @@ class PrefectStack:
             f"flow run {flow_run_id} to reach {sorted(states)}",
             lambda: self.flow_run(flow_run_id),
             timeout=timeout,
-            interval=1.5,
+            interval=0.5,
             check=lambda fr: (fr.get("state_type") or "") in states,
             on_timeout=lambda: json.dumps(self.flow_run(flow_run_id).get("state"))[:2000],
         )
@@ -190,7 +190,7 @@ def start_server(stack: S, name: str, *extra: str) -> S:
         f"the Prefect server {name}",
         lambda: stack.request("GET", "/health"),
         timeout=180,
-        interval=2,
+        interval=0.5,
         check=lambda v: v is True or v == "true" or v is not None,
         on_timeout=lambda: stack.group.get(name).tail(),
     )
@@ -222,7 +222,7 @@ def start_prefect(group: ProcessGroup, pg: Postgres, ps: PandaStack) -> PrefectS
         "two Prefect workers online",
         stack.online_workers,
         timeout=120,
-        interval=2,
+        interval=0.5,
         check=lambda names: set(WORKERS) <= set(names),
         on_timeout=lambda: "\n".join(group.get(f"prefect-{w}").tail(30) for w in WORKERS),
     )

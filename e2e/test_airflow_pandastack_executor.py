@@ -148,7 +148,7 @@ def stack(group: ProcessGroup, postgres: Postgres, redis: Redis) -> Iterator[Exe
         sampler = threading.Thread(target=seen.sample, daemon=True)
         sampler.start()
         try:
-            wait_for("the Airflow API server", stack.token, timeout=180, interval=2)
+            wait_for("the Airflow API server", stack.token, timeout=180, interval=0.5)
             wait_for(
                 "the Celery worker",
                 lambda: _celery_ping(env),

@@ -91,7 +91,7 @@ def pool(group: ProcessGroup, postgres: Postgres) -> Iterator[PoolStack]:
     )  # fmt: skip
     for name in WORKERS:
         stack.start_sandbox_worker(name)
-    wait_for("two pandastack workers online", stack.online, timeout=180, interval=2,
+    wait_for("two pandastack workers online", stack.online, timeout=180, interval=0.5,
              check=lambda names: set(WORKERS) <= set(names))  # fmt: skip
     try:
         yield stack
@@ -112,24 +112,24 @@ def test_deployment_runs_in_a_sandbox_asserted_from_inside(pool: PoolStack) -> N
     assert not [n for n in facts["env"] if n.startswith("PANDASTACK")]
     assert fr["infrastructure_pid"]
     # The flow reports Completed from inside before its process exits; the worker deletes after.
-    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=60, interval=1)
+    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=60, interval=0.5)
 
 
 def test_cancelled_run_leaves_no_sandbox(pool: PoolStack) -> None:
     fr_id = pool.run_deployment("pool-inside", "pool", {"seconds": 120})
     wait_for("the flow run to be running", lambda: pool.flow_run(fr_id)["state_type"] == "RUNNING",
-             timeout=240, interval=1)  # fmt: skip
+             timeout=240, interval=0.5)  # fmt: skip
     assert pool.pool_sandboxes()
     pool.set_state(fr_id, "CANCELLING")
     fr = pool.wait_flow_run(fr_id, timeout=120)
     assert fr["state_type"] == "CANCELLED", fr["state"]
-    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=30, interval=1)
+    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=30, interval=0.5)
 
 
 def test_killed_worker_is_recovered_by_the_other_workers_sweep(pool: PoolStack) -> None:
     fr_id = pool.run_deployment("pool-inside", "pool", {"seconds": 240})
     wait_for("the flow run to be running", lambda: pool.flow_run(fr_id)["state_type"] == "RUNNING",
-             timeout=240, interval=1)  # fmt: skip
+             timeout=240, interval=0.5)  # fmt: skip
     (sandbox,) = pool.pool_sandboxes()
     victim = sandbox["metadata"]["prefect_worker"]
     assert victim in WORKERS
@@ -140,10 +140,10 @@ def test_killed_worker_is_recovered_by_the_other_workers_sweep(pool: PoolStack) 
     assert [sb["id"] for sb in pool.pool_sandboxes()] == [sandbox["id"]], "the kill alone removed it"
     fr = pool.wait_flow_run(fr_id, timeout=180)
     assert fr["state_type"] == "CRASHED", fr["state"]
-    wait_for("the orphan to be swept", lambda: pool.pool_sandboxes() == [], timeout=60, interval=1)
+    wait_for("the orphan to be swept", lambda: pool.pool_sandboxes() == [], timeout=60, interval=0.5)
     pool.group.procs.remove(proc)
     pool.start_sandbox_worker(victim)
-    wait_for("both workers online again", pool.online, timeout=180, interval=2,
+    wait_for("both workers online again", pool.online, timeout=180, interval=0.5,
              check=lambda names: set(WORKERS) <= set(names))  # fmt: skip
 
 
@@ -154,4 +154,4 @@ def test_two_workers_share_the_pool_and_run_each_flow_run_once(pool: PoolStack) 
         assert fr["state_type"] == "COMPLETED", fr["state"]
         assert fr["run_count"] == 1, fr
         assert len(pool.facts(fr_id)) == 1, "the flow run ran more than once"
-    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=60, interval=1)
+    wait_for("no sandbox left", lambda: pool.pool_sandboxes() == [], timeout=60, interval=0.5)
