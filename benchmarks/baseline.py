@@ -32,7 +32,7 @@ from benchmarks.local_server import OPS, lifecycle_timings
 from benchmarks.local_server import summary as ms_summary
 from pandastack_local import LocalServer
 from pandastack_local.config import generate_api_key
-from pandastack_local.local_server import free_port
+from pandastack_local.harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # The last commit before this session's hardening (issue 12) and templates (issue 13).

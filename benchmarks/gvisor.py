@@ -144,7 +144,7 @@ def interpreter_starts(client: Any, n: int) -> list[float]:
 def runsc_floor(n: int) -> dict[str, Any]:
     """runsc's own costs here with nothing inside (``sleep`` in an empty root, no agent, the
     server's flags): what no gVisor sandbox can start, checkpoint or restore below."""
-    from pandastack_local.gvisor import RUNSC_FLAGS, check_runsc
+    from pandastack_local.isolation.gvisor.backend import RUNSC_FLAGS, check_runsc
 
     runsc, _ = check_runsc(None)
     base = Path(tempfile.mkdtemp(prefix="gvfloor-", dir="/tmp"))

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import machine, summary, write_json
-from pandastack_local import LocalServer, template_build
-from pandastack_local.templates import BUILTIN_TEMPLATES
+from pandastack_local import LocalServer
+from pandastack_local.templates import build as template_build
+from pandastack_local.templates.registry import BUILTIN_TEMPLATES
 
 IMPORT = 'python3 -c "import pandas"'
 

@@ -8,6 +8,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .local_server import LocalServer
+from pandastack_local.harness import LocalServer
 
 __all__ = ["LocalServer", "__version__"]

@@ -1,6 +1,6 @@
 """``python -m pandastack_local serve ...``."""
 
-from .cli import main
+from pandastack_local.cli import main
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from .agent import (
+from pandastack_local.guest.agent import (
     _HEADER,
     CHUNK,
     DATA,

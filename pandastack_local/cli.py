@@ -9,8 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .backends import DEFAULT_ISOLATION, ISOLATIONS
-from .config import (
+from pandastack_local.config import (
     API_KEY_ENV,
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_POOL_SIZE,
@@ -19,8 +18,9 @@ from .config import (
     default_state_dir,
     generate_api_key,
 )
-from .egress import EgressError, parse_rules
-from .mountns import protect_device_nodes
+from pandastack_local.isolation.backend import DEFAULT_ISOLATION, ISOLATIONS
+from pandastack_local.isolation.egress import EgressError, parse_rules
+from pandastack_local.isolation.mountns import protect_device_nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_templates(args: argparse.Namespace) -> int:
-    from .template_build import TemplateBuildError, build, default_cache_dir
-    from .templates import TemplateError, template_registry
+    from pandastack_local.templates.build import TemplateBuildError, build, default_cache_dir
+    from pandastack_local.templates.registry import TemplateError, template_registry
 
     try:
         registry = template_registry(tuple(args.template_dir))
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     except EgressError as exc:
         parser.error(str(exc))
     if args.isolation == "gvisor":
-        from .gvisor import RunscUnavailable, check_runsc
+        from pandastack_local.isolation.gvisor.backend import RunscUnavailable, check_runsc
 
         if args.allow_egress:
             parser.error("--allow-egress is not supported with --isolation gvisor (no network at all)")
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvicorn
 
-        from .app import create_app
+        from pandastack_local.api.app import create_app
     except ImportError as exc:  # the base install is the adapters only; the server is an extra
         raise SystemExit(
             f"pandastack-local: {exc.name or exc} is not installed. The server is an extra: "

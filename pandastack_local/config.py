@@ -45,11 +45,11 @@ class ServerConfig:
     template_dirs: tuple[str, ...] = ()
     # Pre-started, limited, never-reused sandboxes kept per template (0 disables).
     pool_size: int = DEFAULT_POOL_SIZE
-    # HOST:PORT endpoints reachable from inside every sandbox (egress.py); nothing else is.
+    # HOST:PORT endpoints reachable from inside every sandbox (isolation/egress.py); nothing else is.
     allow_egress: tuple[str, ...] = ()
     # Built template environments (None: ~/.cache/pandastack-local), shared across servers.
     cache_dir: Path | None = None
-    # The boundary around each sandbox: "bwrap" (default) or "gvisor" (backends.py).
+    # The boundary around each sandbox: "bwrap" (default) or "gvisor" (isolation/backend.py).
     isolation: str = "bwrap"
     # gVisor's runsc (None: runsc on PATH).
     runsc: str | None = None

@@ -7,8 +7,8 @@ reached by ordinary jobs.
 
 from __future__ import annotations
 
-from .agent import MAX_READ_BYTES
-from .templates import Template
+from pandastack_local.guest.agent import MAX_READ_BYTES
+from pandastack_local.templates.registry import Template
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -32,7 +32,7 @@ MAX_CONCURRENT_EXECS = 32
 AGENT_FDS_PER_EXEC = 8
 AGENT_RESERVED_FDS = 16
 EXEC_RETRY_AFTER = "1"
-# Code contexts (routes/code_contexts.py, repl_kernel.py). Per run: the first MAX_REPL_OUTPUT_BYTES
+# Code contexts (api/routes/code_contexts.py, guest/repl_kernel.py). Per run: the first MAX_REPL_OUTPUT_BYTES
 # of stdout and of stderr, at most MAX_REPL_RESULTS results (a figure's PNG at most
 # MAX_REPL_PNG_BYTES, a repr or HTML at most MAX_REPL_TEXT_RESULT_BYTES), and the whole reply the
 # server reads from the sandbox at most MAX_REPL_REPLY_BYTES (JSON escapes can grow text 6x).

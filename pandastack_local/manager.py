@@ -23,16 +23,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import agent_client, isolation, pythonenv
-from .backends import BwrapBackend, make_backend
-from .boot_images import BootImages
-from .cgroups import Cgroups
-from .config import ServerConfig
-from .egress import EgressError, EgressRelay, parse_rules
-from .gvisor import GvisorBackend
-from .limits import fork_copy_cap
-from .template_build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
-from .templates import Template, template_registry
+from pandastack_local import agent_client
+from pandastack_local.config import ServerConfig
+from pandastack_local.isolation import guest_dir
+from pandastack_local.isolation.backend import make_backend
+from pandastack_local.isolation.bwrap.backend import BwrapBackend
+from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_rules
+from pandastack_local.isolation.gvisor.backend import GvisorBackend
+from pandastack_local.isolation.gvisor.boot_images import BootImages
+from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants
+from pandastack_local.limits import fork_copy_cap
+from pandastack_local.templates import pythonenv
+from pandastack_local.templates.build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
+from pandastack_local.templates.registry import Template, template_registry
 
 log = logging.getLogger("pandastack_local")
 
@@ -63,7 +67,7 @@ def rfc3339(ts: float) -> str:
 class Sandbox:
     id: str
     template: Template
-    process: isolation.SandboxProcess
+    process: SandboxProcess
     created: float
     metadata: dict[str, str]
     ttl_seconds: int | None
@@ -75,7 +79,7 @@ class Sandbox:
     active_ops: int = 0
     active_execs: int = 0
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
-    # The boundary around it: "bwrap" or "gvisor" (backends.py).
+    # The boundary around it: "bwrap" or "gvisor" (isolation/backend.py).
     isolation: str = "bwrap"
 
     def to_json(self) -> dict[str, Any]:
@@ -128,7 +132,7 @@ class SandboxManager:
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
-        self.pool: dict[str, deque[isolation.SandboxProcess]] = {}
+        self.pool: dict[str, deque[SandboxProcess]] = {}
         self._refilling: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.started = time.time()
@@ -136,10 +140,10 @@ class SandboxManager:
     # ---- start-up and shutdown -------------------------------------------------
     async def start(self) -> None:
         longest = self.backend.socket_path(self.sandboxes_dir, str(uuid.UUID(int=0)))
-        if len(os.fsencode(longest)) > isolation.MAX_SOCKET_PATH:
+        if len(os.fsencode(longest)) > MAX_SOCKET_PATH:
             raise RuntimeError(
                 f"the state dir {self.state_dir} is too deep for the sandboxes' agent sockets "
-                f"({len(os.fsencode(longest))} bytes > {isolation.MAX_SOCKET_PATH}, the AF_UNIX limit): "
+                f"({len(os.fsencode(longest))} bytes > {MAX_SOCKET_PATH}, the AF_UNIX limit): "
                 "pass a shorter --state-dir"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +151,7 @@ class SandboxManager:
         if reaped:
             log.warning("reaped %d sandbox(es) left by a previous run: %s", len(reaped), ", ".join(reaped))
         self.sandboxes_dir.mkdir(parents=True, exist_ok=True)
-        self.guest_dir = isolation.prepare_guest_dir(self.state_dir / "guest")
+        self.guest_dir = guest_dir.prepare_guest_dir(self.state_dir / "guest")
         self.backend.start(self.guest_dir, list(self.templates.values()))
         log.warning("isolation: %s; %s", self.backend.describe(), self.cgroups.summary())
         for note in self.cgroups.notes:
@@ -229,7 +233,7 @@ class SandboxManager:
         return template
 
     async def built(self, name: str, wait: float | None) -> Template:
-        """The template with its software environment built (see template_build)."""
+        """The template with its software environment built (see templates.build)."""
         try:
             template: Template = await self.builds.ready(name, wait)
         except TemplateNotReady as exc:
@@ -291,7 +295,7 @@ class SandboxManager:
         self.sandboxes[sb.id] = sb
         return sb
 
-    async def _take_process(self, template: Template) -> tuple[isolation.SandboxProcess, str]:
+    async def _take_process(self, template: Template) -> tuple[SandboxProcess, str]:
         pool = self.pool.get(template.name)
         while pool:
             process = pool.popleft()
@@ -303,13 +307,13 @@ class SandboxManager:
             self._schedule_refill(template.name)
         return await self._spawn_ready(template), "cold"
 
-    async def _spawn_ready(self, template: Template) -> isolation.SandboxProcess:
+    async def _spawn_ready(self, template: Template) -> SandboxProcess:
         if self.boot_images is not None:
             return await self.boot_images.spawn_ready(template)
         process = self.backend.spawn(str(uuid.uuid4()), template, self.sandboxes_dir)
         return await self._ready(process)
 
-    async def _ready(self, process: isolation.SandboxProcess) -> isolation.SandboxProcess:
+    async def _ready(self, process: SandboxProcess) -> SandboxProcess:
         """Wait for the new sandbox's agent to answer; attach its egress relay."""
         name = process.name
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -325,13 +329,13 @@ class SandboxManager:
         if self.egress:
             process.on_kill.append(lambda: self.egress.detach(name))
             try:
-                await self.egress.attach(name, process.pid, isolation.host_descendants(process.pid))
+                await self.egress.attach(name, process.pid, host_descendants(process.pid))
             except EgressError as exc:
                 await self._kill(process)
                 raise ApiError(500, f"sandbox failed to start: {exc}") from None
         return process
 
-    async def _kill(self, process: isolation.SandboxProcess) -> None:
+    async def _kill(self, process: SandboxProcess) -> None:
         await asyncio.to_thread(self.backend.kill, process)
 
     def _schedule_refill(self, name: str) -> None:
@@ -356,7 +360,7 @@ class SandboxManager:
                     *(self._spawn_ready(self.templates[name]) for _ in range(want)), return_exceptions=True
                 )
                 for result in results:
-                    if isinstance(result, isolation.SandboxProcess):
+                    if isinstance(result, SandboxProcess):
                         pool.append(result)
                 if any(isinstance(r, BaseException) for r in results):
                     await asyncio.sleep(1)
@@ -399,7 +403,7 @@ class SandboxManager:
             raise ApiError(500, "sandbox is not running (its processes have exited)")
         if not self.cgroups.freeze(sb.id, paused):
             sig = signal.SIGSTOP if paused else signal.SIGCONT
-            for pid in isolation.host_descendants(sb.process.pid):
+            for pid in host_descendants(sb.process.pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
         sb.status = "paused" if paused else "running"

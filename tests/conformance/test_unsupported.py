@@ -11,7 +11,7 @@ from typing import Any
 import pandastack
 import pytest
 
-from pandastack_local.routes.unsupported import UNSUPPORTED
+from pandastack_local.api.routes.unsupported import UNSUPPORTED
 
 ROWS = [(what, method, path) for what, routes in UNSUPPORTED for method, path in routes]
 UNKNOWN = "00000000-0000-4000-8000-000000000000"

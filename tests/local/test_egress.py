@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pandastack_local import LocalServer
-from pandastack_local.egress import EgressError, parse_rule, parse_rules
+from pandastack_local.isolation.egress import EgressError, parse_rule, parse_rules
 
 PROBE = """
 import socket, sys

@@ -107,7 +107,7 @@ def test_an_old_runsc_is_refused(tmp_path: Path) -> None:
 def test_a_non_root_server_is_told_what_gvisor_needs(tmp_path: Path) -> None:
     """runsc needs root here (rootless runsc applies no cgroup limits): a clear refusal."""
     argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
-    argv += ["-c", "from pandastack_local.gvisor import check_runsc; check_runsc(None)"]
+    argv += ["-c", "from pandastack_local.isolation.gvisor.backend import check_runsc; check_runsc(None)"]
     out = subprocess.run(argv, capture_output=True, text=True, cwd="/", check=False)
     assert out.returncode != 0
     assert "needs a root server" in out.stderr and "--isolation bwrap" in out.stderr

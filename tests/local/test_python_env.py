@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pandastack_local import LocalServer
-from pandastack_local.templates import TemplateError, load_template_dir
+from pandastack_local.templates.registry import TemplateError, load_template_dir
 
 HOST_REPO = Path(__file__).resolve().parents[2]
 

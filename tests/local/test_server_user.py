@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pandastack_local import LocalServer
-from pandastack_local.local_server import SERVER_USER_ENV
+from pandastack_local.harness import SERVER_USER_ENV
 
 
 def test_modes_opened_for_the_server_user_are_restored_on_close(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 import pandastack
 import pytest
 
-from pandastack_local import LocalServer, template_build
-from pandastack_local.template_build import TemplateBuildError, parse_requirements
+from pandastack_local import LocalServer
+from pandastack_local.templates import build as template_build
+from pandastack_local.templates.build import TemplateBuildError, parse_requirements
 from tests.support.server import GVISOR
 
 

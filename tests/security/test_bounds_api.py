@@ -28,7 +28,7 @@ from pandastack_local.limits import (
     MAX_JSON_BODY_BYTES,
     exec_slots,
 )
-from pandastack_local.templates import Template
+from pandastack_local.templates.registry import Template
 
 from ..support.procs import pids_matching
 from ..support.server import GVISOR

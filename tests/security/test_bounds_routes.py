@@ -6,7 +6,7 @@ every route gets the generic bad inputs (wrong key, unknown ids, garbage and hos
 bodies, hostile ``?path=``) and must answer each with JSON, below 500, at once. The routes
 whose body fields are known get each field's wrong values and must answer 400 naming it.
 Each route is walked on a sandbox of its own (a garbage body to DELETE may still delete).
-The routes of the not-supported table (``routes/unsupported.py``) must answer every one of
+The routes of the not-supported table (``api/routes/unsupported.py``) must answer every one of
 those requests with their 501 "... is not supported by pandastack-local", at once.
 """
 
@@ -24,9 +24,9 @@ import pytest
 from fastapi.routing import APIRoute
 
 from pandastack_local import LocalServer
+from pandastack_local.api.routes import ROUTERS
+from pandastack_local.api.routes.unsupported import SUFFIX, UNSUPPORTED
 from pandastack_local.limits import MAX_JSON_BODY_BYTES
-from pandastack_local.routes import ROUTERS
-from pandastack_local.routes.unsupported import SUFFIX, UNSUPPORTED
 
 from .bounds_support import http_fixture, server_fixture  # noqa: F401
 

@@ -12,7 +12,7 @@ import pandastack
 import pytest
 
 from pandastack_local import LocalServer
-from pandastack_local.isolation import host_descendants
+from pandastack_local.isolation.process import host_descendants
 from tests.support.server import GVISOR
 
 # Every syscall the filter must deny, with arguments that fail differently when it is absent

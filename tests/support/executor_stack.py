@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_local import LocalServer
-from pandastack_local.local_server import free_port
+from pandastack_local.harness import free_port
 from tests.support.airflow_env import api_server_env
 
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))

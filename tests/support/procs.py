@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from pandastack_local.isolation import host_descendants as descendants
+from pandastack_local.isolation.process import host_descendants as descendants
 
 __all__ = [
     "descendants",

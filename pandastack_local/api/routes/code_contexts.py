@@ -19,9 +19,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import agent_client
-from ..agent import DATA
-from ..limits import (
+from pandastack_local import agent_client
+from pandastack_local.guest.agent import DATA
+from pandastack_local.limits import (
     MAX_CODE_CONTEXTS,
     MAX_REPL_OUTPUT_BYTES,
     MAX_REPL_PNG_BYTES,
@@ -32,7 +32,8 @@ from ..limits import (
     REPL_KILL_GRACE_SECONDS,
     REPL_START_SECONDS,
 )
-from ..manager import ApiError, Sandbox, SandboxManager, rfc3339
+from pandastack_local.manager import ApiError, Sandbox, SandboxManager, rfc3339
+
 from .deps import Manager, SandboxDep, int_field, json_body
 from .exec import exec_slot
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .templates import Template
+from pandastack_local.templates.registry import Template
 
 log = logging.getLogger("pandastack_local")
 

@@ -17,14 +17,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from . import agent_client, isolation
-from .gvisor import GvisorBackend, boot_image_key
-from .templates import Template
+from pandastack_local import agent_client
+from pandastack_local.isolation import process
+from pandastack_local.isolation.gvisor.backend import GvisorBackend, boot_image_key
+from pandastack_local.templates.registry import Template
 
 log = logging.getLogger("pandastack_local")
 
-Ready = Callable[[isolation.SandboxProcess], Awaitable[isolation.SandboxProcess]]
-Kill = Callable[[isolation.SandboxProcess], Awaitable[None]]
+Ready = Callable[[process.SandboxProcess], Awaitable[process.SandboxProcess]]
+Kill = Callable[[process.SandboxProcess], Awaitable[None]]
 
 
 class BootImages:
@@ -38,7 +39,7 @@ class BootImages:
         self.tried: set[str] = set()  # one attempt per template version and server
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def spawn_ready(self, template: Template) -> isolation.SandboxProcess:
+    async def spawn_ready(self, template: Template) -> process.SandboxProcess:
         """A ready sandbox: restored from the template's image, or booted (and an image made)."""
         if self.backend.has_boot_image(template):
             process = self.backend.spawn(str(uuid.uuid4()), template, self.sandboxes_dir)

@@ -8,8 +8,9 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from ..manager import ApiError
-from ..templates import TEMPLATE_NAME_RE
+from pandastack_local.manager import ApiError
+from pandastack_local.templates.registry import TEMPLATE_NAME_RE
+
 from .deps import Manager
 
 router = APIRouter(prefix="/v1")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..manager import DEFAULT_TTL_SECONDS, ApiError
+from pandastack_local.manager import DEFAULT_TTL_SECONDS, ApiError
+
 from .deps import Manager, SandboxDep, int_field, json_body
 from .templates import DEFAULT_TEMPLATE, template_name
 from .unsupported import refuse_create_fields

@@ -10,10 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import agent_client
-from ..agent import NOT_REGULAR, TOO_BIG
-from ..limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
-from ..manager import ApiError, Sandbox, SandboxManager
+from pandastack_local import agent_client
+from pandastack_local.guest.agent import NOT_REGULAR, TOO_BIG
+from pandastack_local.limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
+from pandastack_local.manager import ApiError, Sandbox, SandboxManager
+
 from .deps import GuestDirPath, GuestPath, Manager, SandboxDep, read_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs")

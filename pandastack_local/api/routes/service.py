@@ -6,7 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from .. import __version__
+from pandastack_local import __version__
+
 from .deps import Manager
 
 router = APIRouter()

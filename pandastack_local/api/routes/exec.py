@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .. import agent_client
-from ..agent import JSON, STDERR, STDOUT
-from ..limits import (
+from pandastack_local import agent_client
+from pandastack_local.guest.agent import JSON, STDERR, STDOUT
+from pandastack_local.limits import (
     EXEC_RETRY_AFTER,
     LOG_COMMAND_CHARS,
     LOG_OUTPUT_CHARS,
@@ -30,7 +30,8 @@ from ..limits import (
     MAX_EXEC_OUTPUT_BYTES,
     exec_slots,
 )
-from ..manager import ApiError, Sandbox, SandboxManager
+from pandastack_local.manager import ApiError, Sandbox, SandboxManager
+
 from .deps import Manager, SandboxDep, int_field, json_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")

@@ -13,7 +13,8 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..manager import ApiError
+from pandastack_local.manager import ApiError
+
 from .deps import Manager, SandboxDep, json_body
 from .exec import CLIENT_CLOSED, check_command, run_capped
 

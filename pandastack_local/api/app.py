@@ -19,11 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__, agent_client
-from .config import ServerConfig
-from .manager import ApiError, SandboxManager
-from .routes import ROUTERS
-from .routes.deps import error
+from pandastack_local import __version__, agent_client
+from pandastack_local.api.routes import ROUTERS
+from pandastack_local.api.routes.deps import error
+from pandastack_local.config import ServerConfig
+from pandastack_local.manager import ApiError, SandboxManager
 
 
 def bearer_token(scope: Any) -> bytes:

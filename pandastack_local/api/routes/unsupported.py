@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from ..manager import ApiError
+from pandastack_local.manager import ApiError
+
 from .deps import error
 
 NOT_IMPLEMENTED = 501

@@ -1,59 +1,31 @@
-"""The isolation boundary behind one small interface: bwrap (default) or gVisor.
-
-The manager owns sandboxes, the pool, TTLs and the wire; a backend only starts,
-kills and (where it can) memory-forks the processes behind one sandbox. Both run
-the same agent (agent.py), so the exec, file and timeout logic is shared.
-"""
+"""``BwrapBackend``: the default backend's side of ``isolation.backend.IsolationBackend``."""
 
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
 
-from . import isolation, mountns, pythonenv, seccomp
-from .cgroups import Cgroups
-from .idmap import UidPool
-from .templates import Template
+from pandastack_local.isolation import mountns, seccomp
+from pandastack_local.isolation.bwrap import sandbox
+from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.idmap import UidPool
+from pandastack_local.isolation.process import SandboxProcess, kill, reap_leftovers
+from pandastack_local.templates import pythonenv
+from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
-
-ISOLATIONS = ("bwrap", "gvisor")
-DEFAULT_ISOLATION = "bwrap"
-
-
-class IsolationBackend(Protocol):
-    name: str
-    # True: fork() copies the parent's memory (checkpoint + restore); False: the manager's cold fork.
-    memory_fork: bool
-
-    def socket_path(self, sandboxes_dir: Path, name: str) -> Path: ...
-
-    def start(self, guest_dir: Path, templates: list[Template]) -> None: ...
-
-    def describe(self) -> str: ...
-
-    def expose_built(self, path: Path) -> None: ...
-
-    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess: ...
-
-    def kill(self, sp: isolation.SandboxProcess) -> None: ...
-
-    def reap_leftovers(self, sandboxes_dir: Path) -> list[str]: ...
-
-    def close(self) -> None: ...
+log = logging.getLogger(__name__)
 
 
 class BwrapBackend:
-    """bubblewrap namespaces + seccomp + per-sandbox host uids (isolation.py)."""
+    """bubblewrap namespaces + seccomp + per-sandbox host uids (sandbox.py)."""
 
     name = "bwrap"
     memory_fork = False
 
     def __init__(self, cgroups: Cgroups, instance: str) -> None:
         self.cgroups = cgroups
-        self.bwrap = isolation.bwrap_binary()
+        self.bwrap = sandbox.bwrap_binary()
         self.uids = UidPool(instance) if UidPool.available() and mountns.private() else None
         self.seccomp_program = b""
         self.exposed: mountns.Exposed | None = None
@@ -61,7 +33,7 @@ class BwrapBackend:
         self.guest_dir = Path()
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
-        return isolation.agent_socket_path(sandboxes_dir, name)
+        return sandbox.agent_socket_path(sandboxes_dir, name)
 
     def describe(self) -> str:
         return "bwrap"
@@ -91,7 +63,7 @@ class BwrapBackend:
         for template in templates:
             if template.rootfs is not None:
                 wanted.append(template.rootfs)
-            wanted += [Path(p) for p in isolation.bind_sources(pythonenv.bind_args(template))]
+            wanted += [Path(p) for p in sandbox.bind_sources(pythonenv.bind_args(template))]
         for i, path in enumerate(dict.fromkeys(wanted)):
             self.sources[str(path)] = str(self.exposed.expose(path, f"d{i}"))
             if path.stat().st_mode & 0o005 != 0o005:
@@ -110,10 +82,10 @@ class BwrapBackend:
         if self.exposed is not None and str(path) not in self.sources:
             self.sources[str(path)] = str(self.exposed.expose(path, f"t{len(self.sources)}"))
 
-    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> SandboxProcess:
         host_uid = self.uids.take(name) if self.uids is not None else None
         try:
-            return isolation.spawn(
+            return sandbox.spawn(
                 name,
                 template,
                 sandboxes_dir,
@@ -132,24 +104,13 @@ class BwrapBackend:
         if self.uids is not None:
             self.uids.give_back(name)
 
-    def kill(self, sp: isolation.SandboxProcess) -> None:
-        isolation.kill(sp, self.cgroups)
+    def kill(self, sp: SandboxProcess) -> None:
+        kill(sp, self.cgroups)
         self.release(sp.name)
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
-        return isolation.reap_leftovers(sandboxes_dir, self.cgroups)
+        return reap_leftovers(sandboxes_dir, self.cgroups)
 
     def close(self) -> None:
         if self.exposed is not None:
             self.exposed.close()
-
-
-def make_backend(isolation_name: str, cgroups: Cgroups, instance: str, runsc: str | None) -> IsolationBackend:
-    """The backend named ``isolation_name``; gVisor refuses at once when runsc is not usable."""
-    if isolation_name == "bwrap":
-        return BwrapBackend(cgroups, instance)
-    if isolation_name == "gvisor":
-        from .gvisor import GvisorBackend
-
-        return GvisorBackend(cgroups, runsc)
-    raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation_name!r}")

@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .config import API_KEY_ENV, generate_api_key
-from .template_build import default_cache_dir
+from pandastack_local.config import API_KEY_ENV, generate_api_key
+from pandastack_local.templates.build import default_cache_dir
 
 START_TIMEOUT_SECONDS = 30.0
 # Modes ``_grant_access`` changed, shared by every LocalServer of this process: {path: [old mode, users]}.
@@ -225,8 +225,8 @@ class LocalServer:
         with contextlib.suppress(Exception):
             import hashlib
 
-            from .cgroups import Cgroups
-            from .isolation import reap_leftovers
+            from pandastack_local.isolation.cgroups import Cgroups
+            from pandastack_local.isolation.process import reap_leftovers
 
             instance = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
             cgroups = Cgroups.detect(instance)

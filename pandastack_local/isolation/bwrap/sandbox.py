@@ -6,7 +6,7 @@ uid (``idmap``), all capabilities dropped, a seccomp filter (``seccomp``), a
 size-capped tmpfs as its whole root (``/dev/shm`` is carved out of the same
 cap; ``/dev`` itself is read-only), the host's ``/usr`` read-only, a
 synthesized ``/etc``, host kernel information files masked, and a cleared
-environment. Its init runs the agent (``agent.py``). bwrap is started with
+environment. Its init runs the agent (``guest/agent.py``). bwrap is started with
 ``--die-with-parent`` so a dead server cannot leave sandboxes running, and it
 joins its cgroups before exec (through a tiny ``sh`` wrapper, which then drops
 to the sandbox's host uid), so no process of the sandbox ever runs outside its limits.
@@ -14,38 +14,21 @@ to the sandbox's host uid), so no process of the sandbox ever runs outside its l
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import pythonenv, seccomp
-from .cgroups import Cgroups
-from .templates import Template
+from pandastack_local.isolation import seccomp
+from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.process import GUEST_PYTHON, SETPRIV, SandboxProcess, disk_split, launch
+from pandastack_local.templates import pythonenv
+from pandastack_local.templates.registry import Template
 
-GUEST_PYTHON = "/usr/bin/python3"
-AGENT_SOURCE = Path(__file__).with_name("agent.py")
-REPL_KERNEL_SOURCE = Path(__file__).with_name("repl_kernel.py")  # a code context's python
-SETPRIV = "/usr/bin/setpriv"
 # Host kernel information a tenant must not read: which cgroup owns each host page (a
 # cross-tenant side channel), the host's key names, and the slab allocator's state.
 MASKED_PROC_FILES = ("kpagecgroup", "kpageflags", "kpagecount", "keys", "key-users", "slabinfo")
-# Of the sandbox's disk cap, this much at most is its /dev/shm (the rest is its root).
-SHM_MAX_BYTES = 64 * 1024 * 1024
-_ETC_FILES = {
-    "passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    "group": "root:x:0:\nnogroup:x:65534:\n",
-    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost\n",
-    "hostname": "sandbox\n",
-    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
-    "resolv.conf": "",
-}
 
 
 def bwrap_binary() -> str:
@@ -63,25 +46,6 @@ def bwrap_binary() -> str:
         return found
 
 
-def prepare_guest_dir(path: Path) -> Path:
-    """Write the read-only files every sandbox gets at /.pandastack (agent, code-context kernel,
-    minimal /etc)."""
-    etc = path / "etc"
-    if path.exists():
-        shutil.rmtree(path)
-    etc.mkdir(parents=True)
-    shutil.copyfile(AGENT_SOURCE, path / "agent.py")
-    shutil.copyfile(REPL_KERNEL_SOURCE, path / "repl_kernel.py")
-    for name, text in _ETC_FILES.items():
-        (etc / name).write_text(text)
-    # Multiarch library lookup and Debian's /etc/alternatives symlinks (awk, etc.).
-    if Path("/etc/ld.so.cache").exists():
-        shutil.copyfile("/etc/ld.so.cache", etc / "ld.so.cache")
-    if Path("/etc/alternatives").is_dir():
-        shutil.copytree("/etc/alternatives", path / "alternatives", symlinks=True)
-    return path
-
-
 def _system_dir_args() -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -91,33 +55,6 @@ def _system_dir_args() -> list[str]:
         elif host.is_dir():
             args += ["--ro-bind", str(host), f"/{name}"]
     return args
-
-
-@dataclass
-class SandboxProcess:
-    """A running sandbox: its bwrap process, its agent socket and its host dir."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    directory: Path
-    socket_path: Path
-    # Run by kill() before the processes go (e.g. the egress relay closes its listeners).
-    on_kill: list[Callable[[], None]] = field(default_factory=list)
-    # Started from a checkpoint image (gVisor: a boot image or a fork), not booted.
-    restored: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-
-def disk_split(disk_bytes: int) -> tuple[int, int]:
-    """(root tmpfs bytes, /dev/shm tmpfs bytes): both together are the template's disk cap."""
-    shm = min(SHM_MAX_BYTES, disk_bytes // 4)
-    return disk_bytes - shm, shm
 
 
 def bwrap_argv(
@@ -253,9 +190,6 @@ def exposed_sources(argv: list[str], sources: dict[str, str]) -> list[str]:
     return out
 
 
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
-
-
 def agent_socket_path(sandboxes_dir: Path, name: str) -> Path:
     """Where the server listens for sandbox ``name``'s agent (bound by path: at most MAX_SOCKET_PATH)."""
     return sandboxes_dir / name / "agent.sock"
@@ -319,99 +253,3 @@ def spawn(
             os.close(seccomp_fd)
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
     return SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
-
-
-def launch(
-    argv: list[str], procs_files: list[Path], pass_fds: tuple[int, ...] = (), pdeathsig: bool = False
-) -> subprocess.Popen[bytes]:
-    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
-    ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
-    spawning thread dies (bwrap has --die-with-parent of its own)."""
-    if pdeathsig:
-        argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
-    env = {"PATH": "/usr/bin:/bin"}
-    if procs_files:
-        env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
-        argv = [
-            "/bin/sh",
-            "-c",
-            'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; exec "$@"',
-            "sh",
-            *argv,
-        ]
-    return subprocess.Popen(
-        argv,
-        pass_fds=pass_fds,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
-        env=env,
-        cwd="/",
-    )
-
-
-def host_descendants(pid: int) -> list[int]:
-    """Host pids below ``pid`` (used when no cgroup lists the sandbox's processes)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
-    """Kill every process of the sandbox, remove its cgroups and its host dir."""
-    for hook in sp.on_kill:
-        with contextlib.suppress(Exception):
-            hook()
-    # Every process of the sandbox is in its cgroups (joined before bwrap or runsc started), and
-    # cgroups.remove kills them there: the /proc walk is only for a host with no cgroups.
-    victims = host_descendants(sp.pid) if sp.alive() and not cgroups.bases else []
-    with contextlib.suppress(OSError):
-        sp.proc.send_signal(signal.SIGKILL)
-    for pid in victims:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    cgroups.remove(sp.name)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        sp.proc.wait(timeout=5)
-    shutil.rmtree(sp.directory, ignore_errors=True)
-
-
-def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
-    """Start-up: kill and remove what a crashed previous run left (host dirs, processes, cgroups)."""
-    reaped = set(cgroups.reap_all())
-    if sandboxes_dir.is_dir():
-        for directory in sandboxes_dir.iterdir():
-            record = directory / "record.json"
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(json.loads(record.read_text())["pid"])
-                if _is_sandbox_init(pid):
-                    for victim in [pid, *host_descendants(pid)]:
-                        with contextlib.suppress(OSError):
-                            os.kill(victim, signal.SIGKILL)
-            reaped.add(directory.name)
-            shutil.rmtree(directory, ignore_errors=True)
-    return sorted(reaped)
-
-
-def _is_sandbox_init(pid: int) -> bool:
-    """bwrap's, or the gVisor backend's runsc (a pid reused by anything else is left alone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-            return b"bwrap" in cmdline or b"runsc" in cmdline
-    except OSError:
-        return False

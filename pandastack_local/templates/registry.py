@@ -6,7 +6,7 @@ there. A template directory adds one: ``DIR/template.json`` (name, cpu, memory_m
 disk_mb, pids_max, nofile, ``requirements``: a pip requirements file, ``apt``: a
 Debian package list, ``env``: variables) and an optional ``DIR/rootfs/`` whose
 files are copied into every sandbox made from it. The software is built once by
-``template_build`` and shared read-only by every sandbox of the template.
+``templates.build`` and shared read-only by every sandbox of the template.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import pythonenv, template_build
-from .template_build import TemplateBuildError, parse_debs, parse_requirements
+from pandastack_local.templates import build as template_build
+from pandastack_local.templates import pythonenv
+from pandastack_local.templates.build import TemplateBuildError, parse_debs, parse_requirements
 
 TEMPLATE_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -39,7 +40,7 @@ class Template:
     debs: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, hash=False)
     verify: tuple[str, ...] = ()
-    # The built environment's directory, once built (see template_build).
+    # The built environment's directory, once built (see templates.build).
     built: Path | None = None
 
     @property

@@ -9,7 +9,8 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from ..manager import ApiError, Sandbox, SandboxManager, rfc3339
+from pandastack_local.manager import ApiError, Sandbox, SandboxManager, rfc3339
+
 from .deps import Manager, SandboxDep, int_field, json_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")

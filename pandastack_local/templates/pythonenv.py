@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .templates import Template
+    from pandastack_local.templates.registry import Template
 
 DEFAULT_GUEST_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 # Paths the sandbox builds itself or that would expose the host: never bound from a template.

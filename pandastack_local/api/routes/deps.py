@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
-from ..limits import MAX_JSON_BODY_BYTES
-from ..manager import ApiError, Sandbox, SandboxManager
+from pandastack_local.limits import MAX_JSON_BODY_BYTES
+from pandastack_local.manager import ApiError, Sandbox, SandboxManager
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:

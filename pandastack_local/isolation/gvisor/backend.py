@@ -40,10 +40,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from . import isolation, pythonenv
-from .agent import RESUME_FILE
-from .cgroups import Cgroups
-from .templates import Template
+from pandastack_local.guest.agent import RESUME_FILE
+from pandastack_local.isolation import process
+from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.templates import pythonenv
+from pandastack_local.templates.registry import Template
 
 MIN_RUNSC_DATE = "20240729"
 INSTALL_HINT = (
@@ -129,7 +130,7 @@ def oci_config(
     template: Template, guest_dir: Path, rootfs: Path, sock_dir: Path, limits: dict[str, int]
 ) -> dict[str, Any]:
     """The sandbox's config.json: the agent as init, read-only system view, capped /tmp."""
-    root_bytes, shm_bytes = isolation.disk_split(template.disk_mb * 1024 * 1024)
+    root_bytes, shm_bytes = process.disk_split(template.disk_mb * 1024 * 1024)
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
@@ -162,7 +163,7 @@ def oci_config(
         "ociVersion": "1.0.2",
         "process": {
             "args": [
-                isolation.GUEST_PYTHON,
+                process.GUEST_PYTHON,
                 "-I",
                 "-S",
                 "/.pandastack/agent.py",
@@ -241,7 +242,7 @@ class GvisorBackend:
 
     def _launch(
         self, name: str, template: Template, sandboxes_dir: Path, command: list[str], resume: bool
-    ) -> isolation.SandboxProcess:
+    ) -> process.SandboxProcess:
         directory = sandboxes_dir / name
         directory.mkdir(parents=True, mode=0o700)
         directory.chmod(0o700)
@@ -262,9 +263,9 @@ class GvisorBackend:
         host_pids = 2 * template.pids_max + SENTRY_PIDS
         procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
         argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
-        proc = isolation.launch(argv, procs_files, pdeathsig=True)
+        proc = process.launch(argv, procs_files, pdeathsig=True)
         (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
-        return isolation.SandboxProcess(
+        return process.SandboxProcess(
             name=name,
             proc=proc,
             directory=directory,
@@ -272,21 +273,21 @@ class GvisorBackend:
             restored=resume,
         )
 
-    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> process.SandboxProcess:
         """Restore the template's boot image when there is one, else boot."""
         image = self.boot_images.get(boot_image_key(template))
         if image is not None:
             return self.restore(name, template, sandboxes_dir, image)
         return self.boot(name, template, sandboxes_dir)
 
-    def boot(self, name: str, template: Template, sandboxes_dir: Path) -> isolation.SandboxProcess:
+    def boot(self, name: str, template: Template, sandboxes_dir: Path) -> process.SandboxProcess:
         """A sandbox from nothing: ``runsc run``, the agent starts its interpreter."""
         return self._launch(name, template, sandboxes_dir, ["run"], resume=False)
 
     def has_boot_image(self, template: Template) -> bool:
         return boot_image_key(template) in self.boot_images
 
-    def save_boot_image(self, sp: isolation.SandboxProcess, template: Template) -> None:
+    def save_boot_image(self, sp: process.SandboxProcess, template: Template) -> None:
         """Checkpoint ``sp`` (booted, quiesced, never used) as the template's boot image; it stops."""
         key = boot_image_key(template)
         image = self.images_dir / key
@@ -302,13 +303,13 @@ class GvisorBackend:
 
     def restore(
         self, name: str, template: Template, sandboxes_dir: Path, image: Path
-    ) -> isolation.SandboxProcess:
+    ) -> process.SandboxProcess:
         """A new sandbox from a checkpoint image: a copy of the parent's memory and files."""
         return self._launch(
             name, template, sandboxes_dir, ["restore", "--image-path", str(image)], resume=True
         )
 
-    def checkpoint(self, sp: isolation.SandboxProcess, image: Path, leave_running: bool = True) -> None:
+    def checkpoint(self, sp: process.SandboxProcess, image: Path, leave_running: bool = True) -> None:
         """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running unless told."""
         argv = self._runsc(
             sp.directory,
@@ -328,19 +329,19 @@ class GvisorBackend:
         if out.returncode != 0:
             raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
-    def prepare_quiesce(self, sp: isolation.SandboxProcess) -> None:
+    def prepare_quiesce(self, sp: process.SandboxProcess) -> None:
         (sp.directory / "s" / RESUME_FILE).unlink(missing_ok=True)
 
-    def resume(self, sp: isolation.SandboxProcess) -> None:
+    def resume(self, sp: process.SandboxProcess) -> None:
         """Let the checkpointed parent's agent listen again."""
         with contextlib.suppress(OSError):
             (sp.directory / "s" / RESUME_FILE).touch()
 
-    def kill(self, sp: isolation.SandboxProcess) -> None:
-        isolation.kill(sp, self.cgroups)
+    def kill(self, sp: process.SandboxProcess) -> None:
+        process.kill(sp, self.cgroups)
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
-        return isolation.reap_leftovers(sandboxes_dir, self.cgroups)
+        return process.reap_leftovers(sandboxes_dir, self.cgroups)
 
     def close(self) -> None:
         self.boot_images.clear()

@@ -1,0 +1,1 @@
+"""The HTTP layer: the FastAPI app (``app``) and one router per resource (``routes/``)."""

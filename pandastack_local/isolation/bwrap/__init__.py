@@ -1,0 +1,1 @@
+"""The default backend: bubblewrap namespaces + seccomp + per-sandbox host uids."""
