@@ -554,6 +554,44 @@ arenas under four threads, not live objects. A longer soak would confirm it leve
 """
 
 
+def density_section(targets: list[list[Any]]) -> str:
+    d = load("density")
+    if not d:
+        return ""
+    u, lim = d["usage"], d["limits"]
+    targets.append(
+        [
+            "idle `base` sandboxes admitted at once (default admission)",
+            u["admitted"],
+            f">= {d['target']}",
+            "met" if u["admitted"] >= d["target"] else "missed",
+        ]
+    )
+    rows = [
+        [
+            name,
+            x["admitted"],
+            x["mb_per_sandbox"],
+            x["create_s"]["p50_ms"],
+            x["first_refusal"] or "-",
+        ]
+        for name, x in (("usage (default)", u), ("limits", lim))
+    ]
+    return f"""## 9. Density: admission by real use
+
+`benchmarks/density.py`: idle `base` sandboxes (2 GiB limit each) created 8 at a time on one
+server with the default memory budget (host memory minus headroom), up to {d["target"]} or the
+first refusal; each policy on its own server in the same run. Cost is the host's MemAvailable
+drop divided by the sandboxes admitted.
+
+{table(["admission", "admitted", "MB each (MemAvailable)", "create p50 ms", "first refusal"], rows)}
+
+Under `usage` a sandbox counts for what it uses (at least 32 MB until measured); the pressure
+guard stops the job of the sandbox furthest above its fair share if the host runs short
+(`tests/security/test_admission_by_use.py`). `limits` is the sum-of-limits policy.
+"""
+
+
 def gvisor_section(targets: list[list[Any]]) -> str:
     g = load("gvisor")
     if not g:
@@ -641,6 +679,7 @@ def write_report() -> Path:
         memory_section(),
         templates_section(targets),
         gvisor_section(targets),
+        density_section(targets),
     ]
     steps = run.get("steps", {})
     n_line = ", ".join(

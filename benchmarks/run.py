@@ -45,6 +45,7 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("scale", AF, "benchmarks.scale", ["--jobs", "200"], ["--jobs", "40"]),
     ("memory", AF, "benchmarks.memory", ["--jobs", "1000"], ["--jobs", "200"]),
     ("gvisor", AF, "benchmarks.gvisor", ["--n", "20"], ["--n", "5"]),
+    ("density", AF, "benchmarks.density", ["--target", "500"], ["--target", "40"]),
 ]  # fmt: skip
 
 

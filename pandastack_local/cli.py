@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from pandastack_local.admission import ADMISSIONS, DEFAULT_ADMISSION
 from pandastack_local.config import (
     API_KEY_ENV,
     DEFAULT_MAX_SANDBOXES,
@@ -40,8 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-budget-mb",
         type=int,
         default=None,
-        help="refuse (507) a create that would make live sandboxes' memory limits exceed this; "
-        "default: host memory minus headroom; 0 disables",
+        help="refuse (507) a create that would take the live sandboxes past this many MB (by "
+        "--admission); default: host memory minus headroom; 0 disables",
+    )
+    serve.add_argument(
+        "--admission",
+        choices=ADMISSIONS,
+        default=DEFAULT_ADMISSION,
+        help="usage (default): admit by the memory sandboxes actually use, and under pressure stop "
+        "the job of the sandbox furthest above its fair share; limits: by the sum of their memory "
+        "limits (no overcommit)",
     )
     serve.add_argument(
         "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"
@@ -152,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         api_key=key,
         state_dir=args.state_dir or default_state_dir(),
         max_sandboxes=args.max_sandboxes if args.max_sandboxes and args.max_sandboxes > 0 else None,
+        admission=args.admission,
         memory_budget_mb=(
             default_memory_budget_mb() if args.memory_budget_mb is None else (args.memory_budget_mb or None)
         ),

@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 API_KEY_ENV = "PANDASTACK_LOCAL_API_KEY"
-DEFAULT_MAX_SANDBOXES = 100
+# Admission is by real use (admission.py): an idle sandbox costs ~8 MB, so the count is the cap.
+DEFAULT_MAX_SANDBOXES = 1000
 DEFAULT_POOL_SIZE = 2
 MIN_MEMORY_HEADROOM_MB = 1024
 
 
 def default_memory_budget_mb() -> int | None:
-    """Host memory minus headroom for the host itself (an eighth, at least 1 GiB): the sum of live
-    sandboxes' memory limits may not exceed it, so no within-limit sandbox gets a neighbour OOM-killed."""
+    """Host memory minus headroom for the host itself (an eighth, at least 1 GiB): what the live
+    sandboxes may use (``usage`` admission) or claim by their limits (``limits``) in all."""
     try:
         with open("/proc/meminfo") as f:
             total = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) // 1024
@@ -41,6 +42,9 @@ class ServerConfig:
     max_sandboxes: int | None = DEFAULT_MAX_SANDBOXES
     # None: no budget. The CLI's default is default_memory_budget_mb().
     memory_budget_mb: int | None = None
+    # "usage": admit by what sandboxes use (the pressure guard keeps the host safe); "limits": by
+    # the sum of their memory limits (no overcommit).
+    admission: str = "usage"
     ttl_scan_interval: float = 30.0
     template_dirs: tuple[str, ...] = ()
     # Pre-started, limited, never-reused sandboxes kept per template (0 disables).

@@ -57,6 +57,7 @@ class LocalServer:
         template_dirs: tuple[str, ...] | list[str] = (),
         state_dir: str | os.PathLike[str] | None = None,
         memory_budget_mb: int | None = None,
+        admission: str | None = None,
         pool_size: int | None = None,
         allow_egress: tuple[str, ...] | list[str] = (),
         user: str | None = None,
@@ -75,6 +76,7 @@ class LocalServer:
         self.ttl_scan_interval = ttl_scan_interval
         self.template_dirs = tuple(str(d) for d in template_dirs)
         self.memory_budget_mb = memory_budget_mb
+        self.admission = admission
         self.pool_size = pool_size
         self._granted: list[Path] = []
         self.user = user or os.environ.get(SERVER_USER_ENV) or None
@@ -98,6 +100,8 @@ class LocalServer:
             argv += ["--ttl-scan-interval", str(self.ttl_scan_interval)]
         if self.memory_budget_mb is not None:
             argv += ["--memory-budget-mb", str(self.memory_budget_mb)]
+        if self.admission is not None:
+            argv += ["--admission", self.admission]
         if self.pool_size is not None:
             argv += ["--pool-size", str(self.pool_size)]
         argv += ["--cache-dir", str(self.cache_dir), "--isolation", self.isolation]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_local import agent_client
+from pandastack_local.admission import Admission, Occupant
 from pandastack_local.config import ServerConfig
 from pandastack_local.isolation import guest_dir
 from pandastack_local.isolation.backend import make_backend
@@ -47,6 +48,7 @@ LOG_LINES = 2000
 TEMPLATE_BUILD_WAIT_SECONDS = 20.0  # a create waits this long for a template still being built
 READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take seconds to start python
 AGENT_LOSS_SETTLE_SECONDS = 3.0
+PRESSURE_SCAN_SECONDS = 0.5  # how often the pressure guard reads the sandboxes' memory use
 
 
 class ApiError(Exception):
@@ -117,6 +119,7 @@ class SandboxManager:
         self.sandboxes_dir = self.state_dir / "sandboxes"
         instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.cgroups = Cgroups.detect(instance)
+        self.admission = Admission(config.admission, config.memory_budget_mb, self.cgroups)
         self.backend = make_backend(config.isolation, self.cgroups, instance, config.runsc)
         self.egress = EgressRelay(parse_rules(config.allow_egress))
         if self.egress and not isinstance(self.backend, BwrapBackend):
@@ -154,6 +157,13 @@ class SandboxManager:
         self.guest_dir = guest_dir.prepare_guest_dir(self.state_dir / "guest")
         self.backend.start(self.guest_dir, list(self.templates.values()))
         log.warning("isolation: %s; %s", self.backend.describe(), self.cgroups.summary())
+        log.warning("%s", self.admission.describe())
+        if not self.admission.protect_server():
+            log.warning(
+                "admission: the server's oom_score_adj stays %s (lowering it needs CAP_SYS_RESOURCE): "
+                "under host memory pressure the kernel's OOM killer may pick the server",
+                Path("/proc/self/oom_score_adj").read_text().strip(),
+            )
         for note in self.cgroups.notes:
             log.warning("isolation: %s", note)
         if "memory" in self.cgroups.missing:
@@ -163,6 +173,8 @@ class SandboxManager:
         if "pids" in self.cgroups.missing:
             log.warning("isolation: NO process-count limit: a fork bomb is not contained")
         self._tasks.append(asyncio.create_task(self._ttl_loop()))
+        if self.admission.policy == "usage" and self.admission.budget_mb is not None:
+            self._tasks.append(asyncio.create_task(self._pressure_loop()))
         if self.config.pool_size > 0:
             for name in ("code-interpreter", "base"):
                 self._schedule_refill(name)
@@ -248,15 +260,33 @@ class SandboxManager:
         limit = self.config.max_sandboxes
         if limit is not None and len(self.sandboxes) + self.pending + count > limit:
             raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})
-        budget = self.config.memory_budget_mb
-        if budget is not None:
-            used = sum(sb.template.memory_mb for sb in self.sandboxes.values()) + self.pending_memory_mb
-            need = template.memory_mb * count
-            if used + need > budget:
-                raise ApiError(
-                    507,
-                    f"insufficient host memory for sandbox: need {need} MB, "
-                    f"{max(budget - used, 0)} MB free of the {budget} MB budget",
+        refusal = self.admission.refusal(
+            self._occupants(), self.pending_memory_mb, self.pending, template.memory_mb, count
+        )
+        if refusal is not None:
+            raise ApiError(507, refusal, {"Retry-After": CAPACITY_RETRY_AFTER})
+
+    def _occupants(self) -> list[Occupant]:
+        """Who holds memory: the live sandboxes, and under the usage policy the pool too (its
+        sandboxes use memory; their limits are no claim until one is taken)."""
+        out = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values()]
+        if self.admission.policy == "usage":
+            for name, pool in self.pool.items():
+                limit = self.templates[name].memory_mb if name in self.templates else 0
+                out += [Occupant(sp.name, limit) for sp in pool]
+        return out
+
+    async def _pressure_loop(self) -> None:
+        """The pressure guard (admission.py): an overcommitted host never runs the server or a
+        neighbour within its fair share out of memory."""
+        while True:
+            await asyncio.sleep(PRESSURE_SCAN_SECONDS)
+            occupants = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values()]
+            squeezed = self.admission.relieve(occupants)
+            if squeezed is not None and squeezed in self.sandboxes:
+                self.sandboxes[squeezed].log(
+                    "memory pressure on the host: held at its current memory use; its next "
+                    "allocation stops its job (exit 137)"
                 )
 
     async def create(
@@ -373,6 +403,7 @@ class SandboxManager:
         if sb is None:
             raise ApiError(404, "not found")
         sb.status = "deleted"
+        self.admission.forget(sb.id)
         await self._kill(sb.process)
 
     # ---- lifecycle ------------------------------------------------------------

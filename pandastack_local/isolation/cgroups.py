@@ -233,6 +233,36 @@ class Cgroups:
                     return int(value)
         return 0
 
+    def memory_usage(self, name: str) -> int | None:
+        """Bytes the sandbox's memory cgroup is charged now (processes, tmpfs files, page cache)."""
+        base = self.bases.get("memory")
+        if base is None:
+            return None
+        fname = "memory.usage_in_bytes" if self.version == "v1" else "memory.current"
+        with contextlib.suppress(OSError, ValueError):
+            return int((base / name / fname).read_text())
+        return None
+
+    def set_memory_limit(self, name: str, limit_bytes: int) -> bool:
+        """Change a live sandbox's memory limit (the pressure guard's squeeze and its lift)."""
+        base = self.bases.get("memory")
+        if base is None:
+            return False
+        d = base / name
+        if self.version == "v2":
+            return _write(d / "memory.max", str(limit_bytes))
+        # v1 keeps memsw >= mem: raise memsw first when growing, lower it last when shrinking.
+        mem, memsw = d / "memory.limit_in_bytes", d / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            try:
+                current = int((d / "memory.limit_in_bytes").read_text())
+            except (OSError, ValueError):
+                return False
+            if limit_bytes >= current:
+                return _write(memsw, str(limit_bytes)) and _write(mem, str(limit_bytes))
+            return _write(mem, str(limit_bytes)) and _write(memsw, str(limit_bytes))
+        return _write(mem, str(limit_bytes))
+
     def remove(self, name: str) -> None:
         """Kill whatever is left in the sandbox's cgroups and remove them."""
         self.freeze(name, False)

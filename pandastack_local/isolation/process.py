@@ -63,7 +63,10 @@ def launch(
         argv = [
             "/bin/sh",
             "-c",
-            'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; exec "$@"',
+            # Join the cgroups, and give up the server's OOM protection (admission.py): under host
+            # memory pressure the kernel picks a sandbox's process, never the server.
+            'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; '
+            'echo 0 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"',
             "sh",
             *argv,
         ]

@@ -39,7 +39,7 @@ def test_503_surfaces_when_the_budget_runs_out(make_local_server) -> None:
 
 
 def test_507_memory_budget(make_local_server) -> None:
-    server = make_local_server(memory_budget_mb=3000, pool_size=0)
+    server = make_local_server(memory_budget_mb=3000, pool_size=0, admission="limits")
     retries = []
     client = server.client(max_create_retry_seconds=20, on_create_retry=retries.append)
     held = client.sandboxes.create()  # 2048 MB of the 3000 MB budget

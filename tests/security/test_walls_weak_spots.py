@@ -210,10 +210,13 @@ def _raw_create(server: LocalServer, template: str) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/sandboxes", json={"template": template}, headers=headers, timeout=60)
 
 
-def test_memory_budget_refuses_overcommit_by_default(make_local_server, make_template) -> None:
+def test_limits_admission_refuses_overcommit_of_the_default_budget(make_local_server, make_template) -> None:
+    # --admission limits with the default budget (host memory minus headroom): two sandboxes whose
+    # limits are 60% of the host each never live at once. The default (usage) admits by real use:
+    # tests/security/test_admission_by_use.py.
     big_mb = _host_memory_mb() * 6 // 10
     big = make_template(name="big", cpu=1, memory_mb=big_mb, disk_mb=16)
-    server = make_local_server(template_dirs=[big], pool_size=0)
+    server = make_local_server(template_dirs=[big], pool_size=0, admission="limits")
     first = _raw_create(server, "big")
     assert first.status_code == 201, first.text
     try:
@@ -229,7 +232,7 @@ def test_memory_budget_refuses_overcommit_by_default(make_local_server, make_tem
 
 def test_memory_budget_flag(make_local_server, make_template) -> None:
     small = make_template(name="s", cpu=1, memory_mb=200, disk_mb=16)
-    server = make_local_server(template_dirs=[small], pool_size=0, memory_budget_mb=300)
+    server = make_local_server(template_dirs=[small], pool_size=0, memory_budget_mb=300, admission="limits")
     first = _raw_create(server, "s")
     assert first.status_code == 201, first.text
     second = _raw_create(server, "s")
