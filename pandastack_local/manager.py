@@ -27,12 +27,9 @@ from pandastack_local import agent_client
 from pandastack_local.admission import Admission, Occupant
 from pandastack_local.config import ServerConfig
 from pandastack_local.isolation import guest_dir
-from pandastack_local.isolation.backend import make_backend
-from pandastack_local.isolation.bwrap.backend import BwrapBackend
+from pandastack_local.isolation.backend import MemoryForker, make_backend
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_rules
-from pandastack_local.isolation.gvisor.backend import GvisorBackend
-from pandastack_local.isolation.gvisor.boot_images import BootImages
 from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants
 from pandastack_local.limits import fork_copy_cap
 from pandastack_local.templates import pythonenv
@@ -122,16 +119,12 @@ class SandboxManager:
         self.admission = Admission(config.admission, config.memory_budget_mb, self.cgroups)
         self.backend = make_backend(config.isolation, self.cgroups, instance, config.runsc)
         self.egress = EgressRelay(parse_rules(config.allow_egress))
-        if self.egress and not isinstance(self.backend, BwrapBackend):
+        if self.egress and not self.backend.egress:
             raise ValueError(
                 "--allow-egress is not supported with --isolation gvisor (its sandboxes have no "
                 "network at all): use --isolation bwrap for jobs that need a host endpoint"
             )
-        self.boot_images = (
-            BootImages(self.backend, self.sandboxes_dir, self._ready, self._kill)
-            if isinstance(self.backend, GvisorBackend)
-            else None
-        )
+        self.boot_images = self.backend.boot_image_store(self.sandboxes_dir, self._ready, self._kill)
         self.sandboxes: dict[str, Sandbox] = {}
         self.pending = 0
         self.pending_memory_mb = 0
@@ -447,8 +440,9 @@ class SandboxManager:
         if count < 1 or count > MAX_FORK_COUNT:
             raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}")
         self._admit(parent.template, count)
-        if isinstance(self.backend, GvisorBackend):
-            return await self._memory_fork(self.backend, parent, count)
+        forker = self.backend.memory_forker()
+        if forker is not None:
+            return await self._memory_fork(forker, parent, count)
         children: list[Sandbox] = []
         try:
             for _ in range(count):
@@ -476,7 +470,7 @@ class SandboxManager:
         parent.log(f"forked into {', '.join(c.id for c in children)}")
         return children
 
-    async def _memory_fork(self, backend: GvisorBackend, parent: Sandbox, count: int) -> list[Sandbox]:
+    async def _memory_fork(self, backend: MemoryForker, parent: Sandbox, count: int) -> list[Sandbox]:
         """Checkpoint the parent (it keeps running) and restore each child from the image: the
         children start with a copy of the parent's memory, processes and files."""
         image = parent.process.directory / f"fork-{uuid.uuid4().hex[:8]}"

@@ -8,12 +8,19 @@ the same agent (guest/agent.py), so the exec, file and timeout logic is shared.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.process import SandboxProcess
 from pandastack_local.templates.registry import Template
+
+if TYPE_CHECKING:
+    from pandastack_local.isolation.gvisor.boot_images import BootImages
+
+Ready = Callable[[SandboxProcess], Awaitable[SandboxProcess]]
+Kill = Callable[[SandboxProcess], Awaitable[None]]
 
 log = logging.getLogger("pandastack_local")
 
@@ -21,10 +28,34 @@ ISOLATIONS = ("bwrap", "gvisor")
 DEFAULT_ISOLATION = "bwrap"
 
 
-class IsolationBackend(Protocol):
+class MemoryForker(Protocol):
+    """A backend whose fork copies the parent's memory: checkpoint it, restore each child."""
+
     name: str
-    # True: fork() copies the parent's memory (checkpoint + restore); False: the manager's cold fork.
-    memory_fork: bool
+
+    def prepare_quiesce(self, sp: SandboxProcess) -> None: ...
+
+    def checkpoint(self, sp: SandboxProcess, image: Path, leave_running: bool = True) -> None: ...
+
+    def resume(self, sp: SandboxProcess) -> None: ...
+
+    def restore(self, name: str, template: Template, sandboxes_dir: Path, image: Path) -> SandboxProcess: ...
+
+
+class IsolationBackend(Protocol):
+    """What the manager needs of a backend; every difference between backends is said here."""
+
+    name: str
+    # --allow-egress can reach its sandboxes (gVisor's have no network at all).
+    egress: bool
+
+    def memory_forker(self) -> MemoryForker | None:
+        """Itself where fork() copies memory; None: the manager's cold fork (a disk copy)."""
+        ...
+
+    def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImages | None:
+        """Where cold creates restore a booted image instead of booting (None: they boot)."""
+        ...
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path: ...
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pandastack_local.isolation import mountns, seccomp
+from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap import sandbox
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.idmap import UidPool
@@ -21,7 +22,13 @@ class BwrapBackend:
     """bubblewrap namespaces + seccomp + per-sandbox host uids (sandbox.py)."""
 
     name = "bwrap"
-    memory_fork = False
+    egress = True
+
+    def memory_forker(self) -> None:
+        return None
+
+    def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> None:
+        return None
 
     def __init__(self, cgroups: Cgroups, instance: str) -> None:
         self.cgroups = cgroups

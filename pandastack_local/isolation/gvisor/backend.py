@@ -38,13 +38,17 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pandastack_local.guest.agent import RESUME_FILE
 from pandastack_local.isolation import process
+from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
+
+if TYPE_CHECKING:
+    from pandastack_local.isolation.gvisor.boot_images import BootImages
 
 MIN_RUNSC_DATE = "20240729"
 INSTALL_HINT = (
@@ -210,7 +214,15 @@ class GvisorBackend:
     """Sandboxes as runsc containers (see the module docstring)."""
 
     name = "gvisor"
-    memory_fork = True
+    egress = False
+
+    def memory_forker(self) -> GvisorBackend:
+        return self
+
+    def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImages:
+        from pandastack_local.isolation.gvisor.boot_images import BootImages
+
+        return BootImages(self, sandboxes_dir, ready, kill)
 
     def __init__(self, cgroups: Cgroups, runsc: str | None) -> None:
         self.cgroups = cgroups

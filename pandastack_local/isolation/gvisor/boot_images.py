@@ -14,18 +14,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from pandastack_local import agent_client
 from pandastack_local.isolation import process
+from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.gvisor.backend import GvisorBackend, boot_image_key
 from pandastack_local.templates.registry import Template
 
 log = logging.getLogger("pandastack_local")
-
-Ready = Callable[[process.SandboxProcess], Awaitable[process.SandboxProcess]]
-Kill = Callable[[process.SandboxProcess], Awaitable[None]]
 
 
 class BootImages:
