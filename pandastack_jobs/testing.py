@@ -202,7 +202,9 @@ def _matcher(match: str | Callable[[str], bool] | None) -> Callable[[str], bool]
 def _unwrap(line: str) -> tuple[str, dict[str, str], float | None]:
     """The job's command, env and guest timeout inside a line the core built (:mod:`.guest`)."""
     try:
-        tokens = shlex.split(line)
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
     except ValueError:
         return line, {}, None
     env: dict[str, str] = {}
