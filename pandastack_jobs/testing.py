@@ -271,7 +271,9 @@ class FakeClient(pandastack.Client):
 
     # -- scripting ---------------------------------------------------------------------------
 
-    def script(self, match: str | Callable[[str], bool], script: Script | None = None, **fields: Any) -> Script:
+    def script(
+        self, match: str | Callable[[str], bool], script: Script | None = None, **fields: Any
+    ) -> Script:
         """What a command does: the last script whose ``match`` (a substring of the job's own
         command, or a predicate on it) fits is used; an unmatched command exits 0 silently.
 
@@ -388,7 +390,13 @@ class FakeClient(pandastack.Client):
             raise _sdk_error(exc.status, str(exc)) from None
 
     def _route(
-        self, method: str, parts: list[str], body: dict[str, Any], params: dict[str, Any], data: Any, stream: bool
+        self,
+        method: str,
+        parts: list[str],
+        body: dict[str, Any],
+        params: dict[str, Any],
+        data: Any,
+        stream: bool,
     ) -> Any:
         if parts == ["sandboxes"] and method == "POST":
             return self._create(body)

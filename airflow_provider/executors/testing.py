@@ -143,7 +143,9 @@ class FakeSandboxDriver(SandboxDriver):
         plan = self._plan(request.request_id)
         with self._lock:
             self.launched.append(request)
-            handle = SandboxHandle({"request_id": request.request_id}, display_name=f"sb-{request.request_id[:8]}")
+            handle = SandboxHandle(
+                {"request_id": request.request_id}, display_name=f"sb-{request.request_id[:8]}"
+            )
             self.live[request.request_id] = handle  # created, even when the start then fails
             self.labels[request.request_id] = dict(request.labels)
         if plan.launch_error is not None:

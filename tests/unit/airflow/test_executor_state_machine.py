@@ -6,6 +6,7 @@ The same paths against real sandboxes are in tests/airflow/test_airflow_executor
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -25,14 +26,18 @@ from airflow_provider.executors.models import (
 from airflow_provider.executors.testing import FakeSandboxDriver
 
 RUNNING = SandboxResult(SandboxState.RUNNING)
-FAILED_3 = SandboxResult(SandboxState.FAILED, exit_code=3, message="the task's sandbox workload ended with exit code 3")
+FAILED_3 = SandboxResult(
+    SandboxState.FAILED, exit_code=3, message="the task's sandbox workload ended with exit code 3"
+)
 
 
 @pytest.fixture
 def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", "0.001")
     monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ORPHAN_SWEEP_INTERVAL", "0")
-    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__EXECUTION_API_SERVER_URL", "http://api.invalid/execution/")
+    monkeypatch.setenv(
+        "AIRFLOW__PANDASTACK_EXECUTOR__EXECUTION_API_SERVER_URL", "http://api.invalid/execution/"
+    )
     monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
     return tmp_path
 
@@ -74,7 +79,11 @@ def workload(**ti_fields: Any) -> Any:
     ti = TaskInstanceDTO(**fields)
     log_path = f"dag_id=unit/run_id={ti.run_id}/task_id=t/attempt={ti.try_number}.log"
     return ExecuteTask(
-        ti=ti, dag_rel_path=Path("unit.py"), bundle_info=BundleInfo(name="dags-folder"), log_path=log_path, token="tok"
+        ti=ti,
+        dag_rel_path=Path("unit.py"),
+        bundle_info=BundleInfo(name="dags-folder"),
+        log_path=log_path,
+        token="tok",
     )
 
 
@@ -97,7 +106,11 @@ def final_event(executor: Any, key: Any) -> tuple[str, Any]:
 
 
 def log_events(logs: Path, wl: Any) -> list[str]:
-    return [json.loads(line)["event"] for line in (logs / wl.log_path).read_text().splitlines() if line.startswith("{")]
+    return [
+        json.loads(line)["event"]
+        for line in (logs / wl.log_path).read_text().splitlines()
+        if line.startswith("{")
+    ]
 
 
 def test_a_try_runs_is_persisted_polled_and_succeeds_and_its_sandbox_is_deleted(
@@ -106,9 +119,11 @@ def test_a_try_runs_is_persisted_polled_and_succeeds_and_its_sandbox_is_deleted(
     wl = workload()
     rid = wl.ti.external_executor_id
     task_log = b"task said hello\n"
-    driver.plan(rid, [RUNNING, RUNNING, SandboxResult(SandboxState.SUCCEEDED, 0)], files={
-        f"/work/logs/{wl.log_path}": task_log
-    })
+    driver.plan(
+        rid,
+        [RUNNING, RUNNING, SandboxResult(SandboxState.SUCCEEDED, 0)],
+        files={f"/work/logs/{wl.log_path}": task_log},
+    )
     executor.queue_workload(wl, session=None)
     beat_until(executor, lambda: str(executor.event_buffer.get(wl.ti.key, ("",))[0]) == "running")
     ref = SandboxExecutionRef.decode(executor.event_buffer[wl.ti.key][1], expected_driver="pandastack")
@@ -128,7 +143,9 @@ def test_a_failed_try_reports_the_exit_and_the_outputs_last_lines(
 ) -> None:
     wl = workload()
     lines = "\n".join(f"line {i}" for i in range(30))
-    driver.plan(wl.ti.external_executor_id, [FAILED_3], output=SandboxOutput(stdout=lines, stderr="Traceback: boom"))
+    driver.plan(
+        wl.ti.external_executor_id, [FAILED_3], output=SandboxOutput(stdout=lines, stderr="Traceback: boom")
+    )
     executor.queue_workload(wl, session=None)
     state, info = final_event(executor, wl.ti.key)
     assert state == "failed" and "exit code 3" in info
@@ -139,9 +156,13 @@ def test_a_failed_try_reports_the_exit_and_the_outputs_last_lines(
     assert driver.live == {}
 
 
-def test_a_lost_sandbox_fails_the_try_without_reading_from_it(executor: Any, driver: FakeSandboxDriver) -> None:
+def test_a_lost_sandbox_fails_the_try_without_reading_from_it(
+    executor: Any, driver: FakeSandboxDriver
+) -> None:
     wl = workload()
-    driver.plan(wl.ti.external_executor_id, [SandboxResult(SandboxState.GONE, message="sandbox lost: reaped")])
+    driver.plan(
+        wl.ti.external_executor_id, [SandboxResult(SandboxState.GONE, message="sandbox lost: reaped")]
+    )
     executor.queue_workload(wl, session=None)
     state, info = final_event(executor, wl.ti.key)
     assert state == "failed" and "sandbox lost: reaped" in info
@@ -181,8 +202,8 @@ def test_polling_errors_back_off_and_the_try_still_finishes(executor: Any, drive
     driver.fail("get_status", ConnectionError("api down"), times=3)
     executor.queue_workload(wl, session=None)
     assert final_event(executor, wl.ti.key)[0] == "success"
-    polls = [t for (op, _), t in zip(driver.calls, driver.call_times) if op == "get_status"]
-    gaps = [b - a for a, b in zip(polls, polls[1:])]
+    polls = [t for (op, _), t in zip(driver.calls, driver.call_times, strict=True) if op == "get_status"]
+    gaps = [b - a for a, b in itertools.pairwise(polls)]
     # each failure doubles the wait (poll_interval 1 ms): 2, 4, 8 ms at least
     assert len(gaps) == 3 and all(gap >= 0.001 * 2 ** (i + 1) for i, gap in enumerate(gaps)), gaps
 
@@ -206,16 +227,23 @@ def test_executor_config_overlays_the_defaults(executor: Any, driver: FakeSandbo
     assert (config.template, config.timeout_seconds) == ("base", 60)
     assert config.ttl_seconds >= 60 + 60  # the backstop outlasts the task's own clock
     env = driver.launched[0].env
-    assert env["TZ"] == "UTC" and env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://api.invalid/execution/"
+    assert (
+        env["TZ"] == "UTC"
+        and env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://api.invalid/execution/"
+    )
     assert not any("SQL_ALCHEMY_CONN" in name or "FERNET" in name for name in env)
 
 
-def test_a_try_without_a_preassigned_uuid_is_refused_with_the_alias(executor: Any, driver: FakeSandboxDriver) -> None:
+def test_a_try_without_a_preassigned_uuid_is_refused_with_the_alias(
+    executor: Any, driver: FakeSandboxDriver
+) -> None:
     wl = workload(external_executor_id=None)
     executor.queue_workload(wl, session=None)
     executor.heartbeat()
     state, info = executor.event_buffer[wl.ti.key]
-    assert str(state) == "failed" and "PandaStackExecutor:airflow_provider.executors.PandaStackExecutor" in info
+    assert (
+        str(state) == "failed" and "PandaStackExecutor:airflow_provider.executors.PandaStackExecutor" in info
+    )
     assert driver.launched == []
 
 
@@ -253,7 +281,9 @@ def test_adoption_keeps_persisted_tries_and_fences_unpersisted_ones(
     persisted, unpersisted, foreign = workload(), workload(), workload(external_executor_id="celery-123")
     handle = driver.add_live(persisted.ti.external_executor_id)
     driver.add_live(unpersisted.ti.external_executor_id)
-    ref = SandboxExecutionRef("pandastack", persisted.ti.external_executor_id, SandboxHandle(handle.data, "sb"))
+    ref = SandboxExecutionRef(
+        "pandastack", persisted.ti.external_executor_id, SandboxHandle(handle.data, "sb")
+    )
     persisted.ti.external_executor_id = ref.encode()
     not_adopted = executor.try_adopt_task_instances([persisted.ti, unpersisted.ti, foreign.ti])
     assert not_adopted == [unpersisted.ti, foreign.ti]

@@ -74,11 +74,16 @@ def test_the_try_is_the_jobs_key_on_the_sandbox(wired: FakeClient) -> None:
     seen: list[dict[str, str]] = []
     from pandastack_jobs.testing import Script
 
-    wired.script("python3 job.py", Script(action=lambda sb, c: seen.append(dict(sb.metadata)) and None, result=1))
+    wired.script(
+        "python3 job.py", Script(action=lambda sb, c: seen.append(dict(sb.metadata)) and None, result=1)
+    )
     operator().execute(context(TI(try_number=3, map_index=4)))
     meta = seen[0]
     assert (meta["job_engine"], meta["job_workflow"], meta["job_task"], meta["job_run"]) == (
-        "airflow", "d", "t", "manual__1"
+        "airflow",
+        "d",
+        "t",
+        "manual__1",
     )
     assert (meta["job_try"], meta["job_map_index"]) == ("3", "4")
 
@@ -146,7 +151,7 @@ def test_on_kill_deletes_the_sandbox_and_the_task_fails(wired: FakeClient) -> No
     def run() -> None:
         try:
             op.execute(context())
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     worker = threading.Thread(target=run)

@@ -13,10 +13,10 @@ from pandastack_jobs import (
     JobSpec,
     SandboxGone,
     finish_detached,
+    guest,
     poll_detached,
     start_detached,
 )
-from pandastack_jobs import guest
 from pandastack_jobs.testing import FakeClient
 
 

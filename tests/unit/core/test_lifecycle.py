@@ -43,7 +43,9 @@ def test_success_delivers_files_and_input_reads_the_result_and_deletes_the_sandb
     call = fake.execs[-1]
     assert call.command == "python3 run.py" and call.timeout == 30
     assert call.env["JOB_RESULT"] == RESULT_PATH and call.stream
-    assert call.timeout_seconds is not None and call.timeout_seconds > 30  # the server's clock is the 2nd rail
+    assert (
+        call.timeout_seconds is not None and call.timeout_seconds > 30
+    )  # the server's clock is the 2nd rail
 
 
 def test_the_sandbox_gets_the_ttl_backstop_and_the_attempts_metadata(fake: FakeClient) -> None:
@@ -172,7 +174,9 @@ def test_cancel_from_another_thread_deletes_the_sandbox_and_dead_letters(fake: F
     fake.script("long", wait=release)
     handle = JobHandle()
     done: list[object] = []
-    worker = threading.Thread(target=lambda: done.append(run_job(fake, JobSpec(command="long"), handle=handle)))
+    worker = threading.Thread(
+        target=lambda: done.append(run_job(fake, JobSpec(command="long"), handle=handle))
+    )
     worker.start()
     deadline = time.monotonic() + 5
     while handle.sandbox_id is None or not fake.execs:
@@ -198,7 +202,9 @@ def test_output_streams_to_the_callback_redacted_and_the_key_never_reaches_the_s
     assert fake.api_key
     fake.script("leak", stdout=["a ", f"key={fake.api_key}\n"], result=1)
     chunks: list[tuple[str, str]] = []
-    outcome = run_job(fake, JobSpec(command="leak", env={"TZ": "UTC"}), on_output=lambda s, c: chunks.append((s, c)))
+    outcome = run_job(
+        fake, JobSpec(command="leak", env={"TZ": "UTC"}), on_output=lambda s, c: chunks.append((s, c))
+    )
     assert chunks[0] == ("stdout", "a ") and fake.api_key not in "".join(c for _, c in chunks)
     assert fake.api_key not in outcome.stdout_tail and "***" in outcome.stdout_tail
     assert all(fake.api_key not in call.line for call in fake.execs)

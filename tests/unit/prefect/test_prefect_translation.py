@@ -25,7 +25,12 @@ def test_a_call_overrides_the_blocks_fields_and_none_keeps_them() -> None:
     block = PandaStackSandbox(command="python3 a.py", timeout=50, env={"A": "1"}, publish_artifacts=False)
     request = block.request(timeout=None, env={"B": "2"}, collect=["out.csv"])
     spec = request.spec()
-    assert (spec.command, spec.timeout, dict(spec.env), spec.collect) == ("python3 a.py", 50, {"B": "2"}, ("/work/out.csv",))
+    assert (spec.command, spec.timeout, dict(spec.env), spec.collect) == (
+        "python3 a.py",
+        50,
+        {"B": "2"},
+        ("/work/out.csv",),
+    )
     assert request.publish_artifacts is False and spec.key is None  # no flow run: nothing to reap by
     with pytest.raises(TypeError, match="unknown sandbox option"):
         block.request(cpus=4)
