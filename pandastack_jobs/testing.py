@@ -462,18 +462,15 @@ class FakeClient(pandastack.Client):
             )
         raise error
 
-    def _get(self, sandbox_id: str) -> FakeSandbox:
+    def _get(self, sandbox_id: str, *, running: bool = False) -> FakeSandbox:
+        """The sandbox, or the server's 404; ``running``: the 500 of a sandbox whose processes died."""
         with self._lock:
-            sb = self.sandbox_state.get(sandbox_id)
-        if sb is None:
+            found = self.sandbox_state.get(sandbox_id)
+        if found is None:
             raise _Http(404, "not found")
-        return sb
-
-    def _running(self, sandbox_id: str) -> FakeSandbox:
-        sb = self._get(sandbox_id)
-        if sb.status != "running":
+        if running and found.status != "running":
             raise _Http(500, "sandbox is not running (its processes have exited)")
-        return sb
+        return found
 
     def _create(self, body: dict[str, Any]) -> dict[str, Any]:
         template = body.get("template", "code-interpreter")
@@ -533,7 +530,7 @@ class FakeClient(pandastack.Client):
         if not op:
             raise _Http(404, "not found")
         self._inject(op, path)
-        sb = self._running(sid)
+        sb = self._get(sid, running=True)
         if not path:
             raise _Http(400, "path required: give ?path=/absolute/path")
         if not path.startswith("/") or ".." in path.split("/"):
@@ -579,7 +576,7 @@ class FakeClient(pandastack.Client):
         self._inject("exec_stream" if stream else "exec", str(line))
         if not isinstance(line, str) or not line:
             raise _Http(400, "cmd required")
-        sb = self._running(sid)
+        sb = self._get(sid, running=True)
         command, env, clock = _unwrap(line)
         detached = guest.DETACHED_EXIT in line and line.rstrip().endswith("&")
         call = ExecCall(sid, line, command, env, clock, body.get("timeout_seconds"), stream, detached)

@@ -23,16 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from . import models
 from .driver import SandboxDriver
-from .models import (
-    RecoveredSandbox,
-    SandboxHandle,
-    SandboxInvalidHandleError,
-    SandboxLaunchRequest,
-    SandboxOutput,
-    SandboxResult,
-    SandboxState,
-)
+from .models import SandboxHandle, SandboxLaunchRequest, SandboxOutput, SandboxResult, SandboxState
 
 OPERATIONS = (
     "health_check",
@@ -154,7 +147,9 @@ class FakeSandboxDriver(SandboxDriver):
 
     def validate_handle(self, handle: SandboxHandle, *, request_id: str) -> None:
         if handle.data.get("request_id") != request_id:
-            raise SandboxInvalidHandleError(f"handle {dict(handle.data)} is not of request {request_id}")
+            raise models.SandboxInvalidHandleError(
+                f"handle {dict(handle.data)} is not of request {request_id}"
+            )
 
     async def get_status(self, handle: SandboxHandle) -> SandboxResult:
         request_id = self._request_id(handle)
@@ -178,12 +173,12 @@ class FakeSandboxDriver(SandboxDriver):
         with self._lock:
             self.live.pop(request_id, None)
 
-    async def recover(self, request_id: str) -> RecoveredSandbox | None:
+    async def recover(self, request_id: str) -> models.RecoveredSandbox | None:
         self._enter("recover", request_id)
         with self._lock:
             handle = self.live.get(request_id)
         if handle is not None and self._plan(request_id).recoverable:
-            return RecoveredSandbox(handle)
+            return models.RecoveredSandbox(handle)
         await self.fence(request_id)
         return None
 

@@ -14,14 +14,7 @@ import pandastack
 import pytest
 import requests
 
-from pandastack_jobs import (
-    FailureClass,
-    FailureKind,
-    JobHandle,
-    JobKey,
-    JobSpec,
-    run_job,
-)
+from pandastack_jobs import FailureClass, FailureKind, JobHandle, JobKey, JobSpec, run_job
 from pandastack_jobs.spec import INPUT_PATH, MANAGED_BY, RESULT_PATH, TTL_MARGIN_SECONDS
 from pandastack_jobs.testing import FakeClient, Script
 
