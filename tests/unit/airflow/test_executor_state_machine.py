@@ -328,3 +328,42 @@ def test_an_unhealthy_service_stops_the_start(logs: Path, driver: FakeSandboxDri
     with pytest.raises(PermissionError, match="invalid api token"):
         ex.start()
     assert ex._loop is None
+
+
+def test_the_orphan_sweep_copies_an_ended_trys_log_and_fences_it_and_leaves_owned_ones(
+    logs: Path, driver: FakeSandboxDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata-DB lookup (``_ended_tries``) is the one seam replaced here: the sweep's
+    bookkeeping around it (what is owned, what is collected, where the log goes) is real."""
+    from airflow_provider.executors import PandaStackExecutor
+    from airflow_provider.executors.models import SandboxHandle
+
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ORPHAN_SWEEP_INTERVAL", "60")
+    ended_rid, running = str(uuid.uuid4()), workload()
+    handle = driver.add_live(ended_rid, {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1"})
+    ref = SandboxExecutionRef(
+        "pandastack", ended_rid, SandboxHandle({**handle.data, "log_path": "o/1.log"}, "sb")
+    )
+    driver.plan(ended_rid, files={"/work/logs/o/1.log": b"the orphan's log\n"})
+    asked: list[set[str]] = []
+
+    def ended_tries(self: Any, candidates: dict[str, dict[str, str]]) -> dict[str, Any]:
+        asked.append(set(candidates))
+        return {ended_rid: ref} if ended_rid in candidates else {}
+
+    monkeypatch.setattr(PandaStackExecutor, "_ended_tries", ended_tries)
+    ex = PandaStackExecutor(parallelism=4)
+    ex.make_driver = lambda: driver  # type: ignore[method-assign]
+    ex.start()
+    try:
+        driver.plan(running.ti.external_executor_id, [RUNNING])
+        ex.queue_workload(running, session=None)
+        beat_until(ex, lambda: running.ti.key in ex._active)
+        ex._next_sweep = 0.0
+        beat_until(ex, lambda: ended_rid not in driver.live and not ex._collecting)
+        assert (logs / "o" / "1.log").read_bytes() == b"the orphan's log\n"
+        assert all(running.ti.external_executor_id not in c for c in asked)  # owned: never a candidate
+        assert running.ti.external_executor_id in driver.live
+    finally:
+        ex.shutdown_timeout = 2
+        ex.end()
