@@ -1,5 +1,5 @@
-"""Prefect-side unit tests: no Prefect API (an ephemeral one is refused, so a test that reaches
-for it fails at once instead of starting a server) and no PandaStack server (FakeClient)."""
+"""Prefect-side unit tests: no Prefect API and no PandaStack server (FakeClient). Nothing here
+starts an ephemeral Prefect API: the tier passes in a network namespace without even loopback."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.testing import FakeClient
 
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="ps-unit-prefect-"))
-os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
-os.environ.pop("PREFECT_API_URL", None)
 
 
 @pytest.fixture
