@@ -12,50 +12,14 @@ from typing import Any
 
 import pytest
 
-from pandastack_jobs import ConnectionConfig
-from pandastack_jobs.testing import FAKE_KEY, FAKE_URL, FakeClient
-
-
-class TI:
-    """What the operator reads and writes of its task instance."""
-
-    def __init__(self, try_number: int = 1, map_index: int = -1) -> None:
-        self.dag_id, self.task_id, self.run_id = "d", "t", "manual__1"
-        self.try_number, self.map_index = try_number, map_index
-        self.xcom: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcom[key] = value
-
-
-class Store(dict):  # type: ignore[type-arg]
-    """``task_state_store``: get / set / delete."""
-
-    def set(self, key: str, value: Any) -> None:
-        self[key] = value
-
-    def delete(self, key: str) -> None:
-        self.pop(key, None)
-
-
-@pytest.fixture
-def wired(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    """Every hook's connection resolves to the fake (no Airflow connection lookup)."""
-    from airflow_provider.hooks.pandastack import PandaStackHook
-
-    monkeypatch.setattr(PandaStackHook, "config", property(lambda self: ConnectionConfig(FAKE_URL, FAKE_KEY)))
-    monkeypatch.setattr(ConnectionConfig, "client", lambda self: fake)
-    return fake
+from pandastack_jobs.testing import FakeClient
+from tests.unit.airflow.tis import TI, Store, context
 
 
 def operator(**kwargs: Any) -> Any:
     from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 
     return PandaStackSandboxOperator(task_id="t", **{"command": "python3 job.py", **kwargs})
-
-
-def context(ti: TI | None = None, store: Store | None = None) -> dict[str, Any]:
-    return {"ti": ti or TI(), "task_state_store": Store() if store is None else store}
 
 
 def test_success_returns_the_result_and_pushes_the_summary(wired: FakeClient) -> None:
