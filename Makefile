@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-unit test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -42,6 +42,15 @@ typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
 
+# The unit tier (tests/unit): the core's lifecycle, classification, detached jobs, reaping and pools,
+# the executor's state machine, and the Airflow and Prefect adapters' translation, against in-memory
+# fakes (pandastack_jobs.testing.FakeClient: the real SDK with its wire in memory;
+# airflow_provider.executors.testing.FakeSandboxDriver). No server, sandbox, template, root or
+# network: it needs only the venvs and runs in seconds. The core's files run in both venvs.
+test-unit: venvs
+	$(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow $(PYTEST_ARGS)
+	$(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
+
 # tests/local/test_gvisor.py needs runsc: `make test-gvisor` runs it (after `make runsc`).
 NO_GVISOR := --ignore=tests/local/test_gvisor.py
 
@@ -73,7 +82,7 @@ test-nonroot: venvs templates
 	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(AF)/bin/python -m pytest -q tests/local tests/security \
 		$(NO_GVISOR) --basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
-test: lint typecheck test-airflow test-prefect test-nonroot
+test: test-unit lint typecheck test-airflow test-prefect test-nonroot
 
 # gVisor's runsc for `pandastack-local serve --isolation gvisor`, from Debian bookworm-backports
 # (the 2022 build in bookworm main breaks `ls`): the script derives the backports source from the
