@@ -118,12 +118,16 @@ def test_on_kill_deletes_the_sandbox_and_the_task_fails(wired: FakeClient) -> No
         except BaseException as exc:
             errors.append(exc)
 
-    worker = threading.Thread(target=run)
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
-    while not wired.execs:
-        threading.Event().wait(0.002)
-    op.on_kill()
-    worker.join(5)
+    try:
+        while not wired.execs:
+            threading.Event().wait(0.002)
+        op.on_kill()
+        worker.join(5)
+    finally:
+        release.set()  # an on_kill that did not stop the job must not hang the run
+    assert errors, "the task did not end when killed"
     assert isinstance(errors[0], AirflowFailException) and wired.live() == []
 
 

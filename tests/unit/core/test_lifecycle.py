@@ -168,15 +168,19 @@ def test_cancel_from_another_thread_deletes_the_sandbox_and_dead_letters(fake: F
     handle = JobHandle()
     done: list[object] = []
     worker = threading.Thread(
-        target=lambda: done.append(run_job(fake, JobSpec(command="long"), handle=handle))
+        target=lambda: done.append(run_job(fake, JobSpec(command="long"), handle=handle)), daemon=True
     )
     worker.start()
-    deadline = time.monotonic() + 5
-    while handle.sandbox_id is None or not fake.execs:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    handle.cancel()
-    worker.join(5)
+    try:
+        deadline = time.monotonic() + 5
+        while handle.sandbox_id is None or not fake.execs:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        handle.cancel()
+        worker.join(5)
+    finally:
+        release.set()  # a cancel that did not stop the job must not hang the run
+    assert done, "the job did not end when cancelled"
     outcome = done[0]
     assert outcome.kind is FailureKind.CANCELLED and outcome.dead_letter  # type: ignore[attr-defined]
     assert fake.live() == []
