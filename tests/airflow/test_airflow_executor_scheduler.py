@@ -11,7 +11,9 @@ files and the test searches them for the secrets the scheduler holds.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,7 +34,13 @@ def stack(airflow_db: Path) -> Iterator[ExecutorStack]:
     # Not tmp_path: pytest prunes old base temp dirs, and other pytest sessions on the machine could
     # remove this home (and its SQLite DB) while the scheduler runs.
     home = Path(tempfile.mkdtemp(prefix="ps-executor-airflow-"))
-    shutil.copy(airflow_db / "airflow.db", home / "airflow.db")  # migrated once per session
+    # migrated once per session. Copied through SQLite's backup API, never by opening the file: a
+    # plain open and close by this process drops every POSIX lock its live SQLite connections hold
+    # on it, so the next worker to close thinks it is the last and deletes the WAL under a
+    # SIGKILLed worker's later commits (test_airflow_kill.py then saw none of them).
+    live, copy = sqlite3.connect(airflow_db / "airflow.db"), sqlite3.connect(home / "airflow.db")
+    with contextlib.closing(live), contextlib.closing(copy):
+        live.backup(copy)
     dags = home / "dags"
     dags.mkdir()
     shutil.copy(DAG_FILE, dags / DAG_FILE.name)
