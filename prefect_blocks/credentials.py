@@ -53,7 +53,7 @@ class PandaStackCredentials(CredentialsBlock):
         default=None,
         title="API URL",
         description="Base URL of the PandaStack API; empty means PANDASTACK_API or the hosted platform.",
-        examples=["https://api.pandastack.ai", "http://localhost:8080"],
+        examples=["https://api.pandastack.ai", "http://127.0.0.1:8321"],
     )
     max_create_retry_seconds: Optional[float] = Field(
         default=None,
