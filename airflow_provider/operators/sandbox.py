@@ -281,6 +281,6 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         publish = Publisher(
             self.log, context, self.object_storage_path, self.object_storage_conn_id, self.xcom_max_bytes
         )
-        if outcome.files:
-            ti.xcom_push(key="files", value=publish.files(outcome.files))
+        # Always pushed ({} when nothing was collected): a downstream pull never finds it missing.
+        ti.xcom_push(key="files", value=publish.files(outcome.files) if outcome.files else {})
         return publish.result(outcome)
