@@ -70,3 +70,38 @@ def test_template_error_fails_once_with_the_fix(airflow_env, local_server, ps_cl
     out = capfd.readouterr().out
     assert "'ds' is undefined" in out and RUN_DATE_HINT in out and "not retried" in out
     assert ps_client.sandboxes.list() == []
+
+
+DEFAULTS_DAG = """
+import pendulum
+from airflow.sdk import DAG
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+
+with DAG("newcomer_defaults", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC")):
+    PandaStackSandboxOperator(task_id="hello", command="echo hello", result_path=None, timeout=60)
+"""
+
+
+def test_airflow_defaults_log_no_error(airflow_env, local_server, tmp_path: Path):
+    """Airflow's own defaults (load_examples=True, no AIRFLOW__ settings): no ERROR line in a
+    command's output or a task's log (the provider's example-DAG discovery used to log one)."""
+    import os
+    import subprocess
+
+    from tests.support.dagtest import AIRFLOW_BIN, connection_env
+
+    home = tmp_path / "home"
+    (home / "dags").mkdir(parents=True)
+    (home / "dags" / "newcomer_defaults.py").write_text(DEFAULTS_DAG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
+    env.update(AIRFLOW_HOME=str(home), **connection_env(local_server))
+    out = ""
+    for args in (["db", "migrate"], ["dags", "reserialize"], ["dags", "test", "newcomer_defaults"]):
+        proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out += proc.stdout + proc.stderr
+    assert "load_examples = True" in (home / "airflow.cfg").read_text()  # the defaults really held
+    assert "[sandbox stdout] hello" in out
+    # Airflow's own example DAGs warn (with a traceback) about the kubernetes package: not ours.
+    errors = [line for line in out.splitlines() if "[error" in line or "No module named 'pandastack" in line]
+    assert not errors, "\n".join(errors[:20])
