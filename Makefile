@@ -50,7 +50,8 @@ NO_GVISOR := --ignore=tests/local/test_gvisor.py
 # SQLite DB (WAL mode, written by dag.test in this process), and the scheduler-stack test, which
 # starts from a copy of that DB, saw every try fail when the unit tests ran before it in its
 # process. Each passes in a process of its own; the cause is not pinned down yet.
-EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
+EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py \
+	tests/airflow/test_airflow_executor_hints.py
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
 test-airflow: venvs templates
 	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/docs tests/airflow $(NO_GVISOR) \
