@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import jinja2
 from airflow.sdk import BaseOperator, XComArg
-from airflow.sdk.exceptions import AirflowFailException
 
 from pandastack_jobs import (
     JobSpec,
@@ -35,6 +34,7 @@ from pandastack_jobs import (
 from pandastack_jobs.spec import FileContent
 
 from ..attempt import job_key
+from ..compat import HAS_RETRY_POLICY, AirflowFailException
 from ..hooks.pandastack import PandaStackHook
 from ..retry import pandastack_retry_policy
 from ..templating import template_error_message
@@ -91,7 +91,8 @@ class PandaStackJobBaseOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = {o.name: kwargs.pop(o.name, o.default) for o in job_options()}
-        kwargs.setdefault("retry_policy", pandastack_retry_policy)
+        if HAS_RETRY_POLICY:  # Airflow >= 3.3; before, the exception class alone decides
+            kwargs.setdefault("retry_policy", pandastack_retry_policy)
         super().__init__(**kwargs)
         self.command = command
         self.files = files
