@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -125,6 +125,28 @@ test-soak: venvs
 test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
 
+# The floor engine versions (issue 25; README, "Engine versions"): Airflow 3.1 and Prefect 3.6, each
+# in a venv of its own under .venv-floors/, pinned by constraints/*.txt (pip freeze of a resolve
+# from the package index, through the machine's own pip configuration). Light: install, import,
+# one real dag.test() / flow with a redelivered failure and a dead-letter (tests/floors), plus
+# the Prefect first-hour tests (default block, worker check, plain-function retry condition).
+# Uses the local server's built templates (make templates; CI has them from make test).
+FLOORS := .venv-floors
+FLOOR_ENGINE_airflow-3.1 := airflow
+FLOOR_ENGINE_prefect-3.6 := prefect
+# Prefect 3.6's worker module imports importlib_metadata without declaring it.
+FLOOR_EXTRA_prefect-3.6 := importlib_metadata
+$(FLOORS)/%/.installed: constraints/%.txt pyproject.toml
+	@test -x $(FLOORS)/$*/bin/python || $(PYTHON) -m venv $(FLOORS)/$*
+	$(FLOORS)/$*/bin/pip install -q --disable-pip-version-check -c constraints/$*.txt \
+		-e '.[$(FLOOR_ENGINE_$*),local]' pytest pytest-timeout httpx $(FLOOR_EXTRA_$*)
+	@touch $@
+
+test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/prefect-3.6/.installed
+	$(FLOORS)/airflow-3.1/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
+	$(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
+		tests/prefect/test_prefect_newcomer.py $(PYTEST_ARGS)
+
 demo: venvs templates
 	$(AF)/bin/python -m demo
 
@@ -133,4 +155,4 @@ bench: venvs templates
 	$(AF)/bin/python -m benchmarks.run
 
 clean:
-	rm -rf $(AF) $(PF) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(AF) $(PF) $(FLOORS) .mypy_cache .ruff_cache .pytest_cache
