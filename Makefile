@@ -8,12 +8,18 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
 	@echo "make test    lint, type-check and run every test in both environments"
 	@echo "make bench   run the benchmarks and regenerate benchmarks/RESULTS.md"
+	@echo "make wheel   build dist/pandastack_workflows-*.whl to install into an engine's image"
+
+# The distribution as a wheel (it is not on the package index): dist/pandastack_workflows-*.whl,
+# installed with pip install 'dist/pandastack_workflows-0.1.0-py3-none-any.whl[airflow]' (or [prefect]).
+wheel:
+	$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
@@ -155,4 +161,4 @@ bench: venvs templates
 	$(AF)/bin/python -m benchmarks.run
 
 clean:
-	rm -rf $(AF) $(PF) $(FLOORS) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(AF) $(PF) $(FLOORS) dist build .mypy_cache .ruff_cache .pytest_cache

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.docs.snippets import snippets
+from tests.docs.snippets import ROOT, snippets
 
 NOT_CODE = {"", "text", "console"}  # plain fences hold output, trees, tables
 
@@ -107,3 +107,17 @@ def test_executor_block_loads_in_the_executor(snippet, tmp_path) -> None:
     _, template, timeout, ttl, *_ = loaded.split()
     assert template == parser.get("pandastack_executor", "template")
     assert int(ttl) >= int(timeout)
+
+
+def test_install_commands_name_what_exists() -> None:
+    """pandastack-workflows is not on the package index: every pip install in the docs installs from
+    a clone ('.[extra]') or the wheel `make wheel` builds, never the distribution by name."""
+    from tests.docs.snippets import DOCS
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\nwheel:" in makefile
+    for doc in DOCS:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            if "pip install" in line:
+                assert "pip install 'pandastack-workflows[" not in line, f"{doc.name}:{number}: {line}"
+                assert "pip install pandastack-workflows" not in line, f"{doc.name}:{number}: {line}"
