@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as exc:  # the base install is the adapters only; the server is an extra
         raise SystemExit(
             f"pandastack-local: {exc.name or exc} is not installed. The server is an extra: "
-            "pip install '.[local]' in a clone (or the wheel from make wheel, with [local])"
+            "pip install 'pandastack-workflows[local]'"
         ) from None
 
     if taken := port_taken(args.host, args.port):
