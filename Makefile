@@ -8,12 +8,18 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-unit test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-unit test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
 	@echo "make test    lint, type-check and run every test in both environments"
 	@echo "make bench   run the benchmarks and regenerate benchmarks/RESULTS.md"
+	@echo "make wheel   build dist/pandastack_workflows-*.whl to install into an engine's image"
+
+# The distribution as a wheel (it is not on the package index): dist/pandastack_workflows-*.whl,
+# installed with pip install 'dist/pandastack_workflows-0.1.0-py3-none-any.whl[airflow]' (or [prefect]).
+wheel:
+	$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
@@ -63,13 +69,13 @@ NO_GVISOR := --ignore=tests/local/test_gvisor.py
 EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
 test-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) \
+	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/docs tests/airflow $(NO_GVISOR) \
 		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
 test-prefect: venvs templates
-	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
+	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/docs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
 
 # The local server's suites once more with the server run as an unprivileged user, created here
 # (root only; a non-root developer's server is already unprivileged). docs/local-server.md says
@@ -134,6 +140,28 @@ test-soak: venvs
 test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
 
+# The floor engine versions (issue 25; README, "Engine versions"): Airflow 3.1 and Prefect 3.6, each
+# in a venv of its own under .venv-floors/, pinned by constraints/*.txt (pip freeze of a resolve
+# from the package index, through the machine's own pip configuration). Light: install, import,
+# one real dag.test() / flow with a redelivered failure and a dead-letter (tests/floors), plus
+# the Prefect first-hour tests (default block, worker check, plain-function retry condition).
+# Uses the local server's built templates (make templates; CI has them from make test).
+FLOORS := .venv-floors
+FLOOR_ENGINE_airflow-3.1 := airflow
+FLOOR_ENGINE_prefect-3.6 := prefect
+# Prefect 3.6's worker module imports importlib_metadata without declaring it.
+FLOOR_EXTRA_prefect-3.6 := importlib_metadata
+$(FLOORS)/%/.installed: constraints/%.txt pyproject.toml
+	@test -x $(FLOORS)/$*/bin/python || $(PYTHON) -m venv $(FLOORS)/$*
+	$(FLOORS)/$*/bin/pip install -q --disable-pip-version-check -c constraints/$*.txt \
+		-e '.[$(FLOOR_ENGINE_$*),local]' pytest pytest-timeout httpx $(FLOOR_EXTRA_$*)
+	@touch $@
+
+test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/prefect-3.6/.installed
+	$(FLOORS)/airflow-3.1/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
+	$(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
+		tests/prefect/test_prefect_newcomer.py $(PYTEST_ARGS)
+
 demo: venvs templates
 	$(AF)/bin/python -m demo
 
@@ -142,4 +170,4 @@ bench: venvs templates
 	$(AF)/bin/python -m benchmarks.run
 
 clean:
-	rm -rf $(AF) $(PF) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(AF) $(PF) $(FLOORS) dist build .mypy_cache .ruff_cache .pytest_cache

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
-
 from pandastack_jobs import JobOutcome
+
+from .compat import AirflowException, AirflowFailException
 
 
 def _message(outcome: JobOutcome) -> str:

@@ -18,8 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.definitions.retry_policy import RetryDecision, RetryPolicy
-
+from .compat import RetryDecision, RetryPolicy
 from .exceptions import PandaStackJobDeadLetter, PandaStackJobRedeliver
 
 if TYPE_CHECKING:

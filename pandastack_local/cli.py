@@ -14,10 +14,12 @@ from pandastack_local.config import (
     API_KEY_ENV,
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_POOL_SIZE,
+    DEFAULT_PORT,
     ServerConfig,
     default_memory_budget_mb,
     default_state_dir,
     generate_api_key,
+    port_taken,
 )
 from pandastack_local.isolation.backend import DEFAULT_ISOLATION, ISOLATIONS
 from pandastack_local.isolation.egress import EgressError, parse_rules
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument(
         "--api-key", default=None, help=f"bearer key (default: ${API_KEY_ENV}, else generated)"
     )
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
             "pip install 'pandastack-workflows[local]'"
         ) from None
 
+    if taken := port_taken(args.host, args.port):
+        raise SystemExit(taken)
     key = args.api_key or os.environ.pop(API_KEY_ENV, None)
     if not key:
         key = generate_api_key()

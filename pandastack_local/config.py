@@ -11,6 +11,9 @@ API_KEY_ENV = "PANDASTACK_LOCAL_API_KEY"
 # Admission is by real use (admission.py): an idle sandbox costs ~8 MB, so the count is the cap.
 DEFAULT_MAX_SANDBOXES = 1000
 DEFAULT_POOL_SIZE = 2
+# Not 8080 (Airflow's api-server), 8793/8794 (its log servers), 4200 (Prefect), 5555 (Flower),
+# 8888 (Jupyter), 8787 (Dask), 5000 (MLflow): a newcomer runs this next to them.
+DEFAULT_PORT = 8321
 MIN_MEMORY_HEADROOM_MB = 1024
 
 
@@ -23,6 +26,24 @@ def default_memory_budget_mb() -> int | None:
     except (OSError, StopIteration, ValueError):
         return None
     return max(total - max(MIN_MEMORY_HEADROOM_MB, total // 8), 256)
+
+
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, with the fix, or None when it is free."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return (
+                f"pandastack-local: cannot listen on {host}:{port}: {exc.strerror or exc}. "
+                "Another program (Airflow's api-server uses 8080, Prefect 4200) or another "
+                f"pandastack-local holds it: stop it, or pick a free port with --port "
+                f"(the default is {DEFAULT_PORT})."
+            )
+    return None
 
 
 def generate_api_key() -> str:

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the version check runs before the imports)
 """Prefect blocks and tasks that run each job in its own throwaway PandaStack sandbox.
 
 ::
@@ -18,6 +19,10 @@ and the ``prefect.collections`` entry point.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+
+from .versions import check_prefect
+
+check_prefect()  # before Prefect is imported: an unsupported one fails here, naming the range
 
 from .cleanup import sandbox_cleanup_hook, sweep_flow_run
 from .credentials import PandaStackCredentials

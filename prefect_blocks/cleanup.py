@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from pandastack_jobs import sweep_run
 
-from .credentials import PandaStackCredentials
+from .credentials import PandaStackCredentials, resolve_credentials
 from .execution import run_logger
 from .keys import flow_run_key
 
@@ -29,7 +29,7 @@ def sweep_flow_run(
     flow_name: str, flow_run_id: str, credentials: Optional[PandaStackCredentials] = None
 ) -> list[str]:
     """Delete every sandbox the flow run ``flow_run_id`` of ``flow_name`` left; return their ids."""
-    creds = credentials if credentials is not None else PandaStackCredentials()
+    creds = resolve_credentials(credentials)
     return sweep_run(creds.get_client(), flow_run_key(flow_name, flow_run_id))
 
 

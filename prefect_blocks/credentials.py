@@ -7,6 +7,7 @@ it, so capacity refusals are recorded for redelivery delays.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import pandastack
@@ -21,6 +22,10 @@ LOGO_URL = (
     "https://raw.githubusercontent.com/pandastack-io/pandastack-workflows/main/docs/img/pandastack-logo.png"
 )
 DOCS_URL = "https://github.com/pandastack-io/pandastack-workflows/blob/main/docs/prefect.md"
+# The saved block used when a task is given none and the SDK finds no key (env, config file), as
+# prefect-aws falls back to its default chain: a block named "default", or the one this names.
+DEFAULT_BLOCK_ENV = "PREFECT_INTEGRATIONS_PANDASTACK_CREDENTIALS_BLOCK"
+DEFAULT_BLOCK_NAME = "default"
 
 
 class PandaStackCredentials(CredentialsBlock):
@@ -53,7 +58,7 @@ class PandaStackCredentials(CredentialsBlock):
         default=None,
         title="API URL",
         description="Base URL of the PandaStack API; empty means PANDASTACK_API or the hosted platform.",
-        examples=["https://api.pandastack.ai", "http://localhost:8080"],
+        examples=["https://api.pandastack.ai", "http://127.0.0.1:8321"],
     )
     max_create_retry_seconds: Optional[float] = Field(
         default=None,
@@ -87,3 +92,31 @@ class PandaStackCredentials(CredentialsBlock):
     def redactor(self) -> Redactor:
         """A redactor that masks this block's API key (and anything shaped like a token)."""
         return Redactor([self.api_key.get_secret_value() if self.api_key else None])
+
+
+def default_block_name() -> str:
+    return os.environ.get(DEFAULT_BLOCK_ENV, "").strip() or DEFAULT_BLOCK_NAME
+
+
+def resolve_credentials(credentials: Optional[PandaStackCredentials] = None) -> PandaStackCredentials:
+    """The credentials a job runs with: the given block when it (or the SDK: ``PANDASTACK_API_KEY``,
+    ``~/.config/pandastack``) has a key, else the saved default block, else an error saying how.
+
+    Raises ``pandastack.AuthError`` (dead-lettered: no retry finds a key) naming the three ways.
+    """
+    given = credentials if credentials is not None else PandaStackCredentials()
+    if given.get_client().api_key:
+        return given
+    name = default_block_name()
+    try:
+        saved = PandaStackCredentials.load(name, _sync=True)  # type: ignore[call-arg]
+    except (ValueError, LookupError):  # no such block (or no block type registered yet)
+        saved = None
+    if isinstance(saved, PandaStackCredentials) and saved.get_client().api_key:
+        return saved
+    raise pandastack.AuthError(
+        'no PandaStack API key: pass credentials=PandaStackCredentials.load("NAME") (or a '
+        "PandaStackSandbox block with credentials), save a block named "
+        f"{name!r} (PandaStackCredentials(api_url=..., api_key=...).save({name!r}); "
+        f"{DEFAULT_BLOCK_ENV} names another), or set PANDASTACK_API_KEY (and PANDASTACK_API)"
+    )

@@ -33,7 +33,7 @@ from pandastack_jobs import (
 from pandastack_jobs.lifecycle import OutputCallback
 
 from .artifacts import publish_dead_letter, publish_outcome
-from .credentials import PandaStackCredentials
+from .credentials import PandaStackCredentials, resolve_credentials
 from .errors import SandboxJobFailed
 from .keys import artifact_key, current_job_key, fingerprint, reap_dead_flow_attempts
 from .retries import wait_for_redelivery
@@ -79,7 +79,7 @@ class JobRequest:
     artifact_key: Optional[str] = None
 
     def credentials_or_default(self) -> PandaStackCredentials:
-        return self.credentials if self.credentials is not None else PandaStackCredentials()
+        return resolve_credentials(self.credentials)
 
     def name(self) -> str:
         if self.job_name:

@@ -24,6 +24,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 from uuid import UUID
@@ -122,13 +123,30 @@ class RetryOnRedeliver:
         return True
 
 
-def make_retry_condition(backoff: Optional[Backoff] = None) -> RetryOnRedeliver:
-    """A ``retry_condition_fn`` that retries only redeliverable sandbox failures, with ``backoff``."""
-    return RetryOnRedeliver(backoff)
+def make_retry_condition(backoff: Optional[Backoff] = None) -> Callable[[Any, Any, Any], bool]:
+    """A ``retry_condition_fn`` that retries only redeliverable sandbox failures, with ``backoff``.
+
+    A plain function: Prefect 3.6 to 3.8 call a retry condition only when ``inspect.isfunction``
+    says it is one (an object with ``__call__`` silently turned retries off there).
+    Prefect pickles tasks with cloudpickle, which carries a closure by value.
+    """
+    condition = RetryOnRedeliver(backoff)
+
+    def retry_on_redeliver(task: Any, task_run: Any, state: Any) -> bool:
+        return condition(task, task_run, state)
+
+    retry_on_redeliver.condition = condition  # type: ignore[attr-defined]
+    return retry_on_redeliver
 
 
-retry_on_redeliver = RetryOnRedeliver()
-"""The default ``retry_condition_fn`` of :func:`~prefect_blocks.run_in_sandbox` and ``@sandbox_task``."""
+_DEFAULT_CONDITION = RetryOnRedeliver()
+
+
+def retry_on_redeliver(task: Any, task_run: Any, state: Any) -> bool:
+    """The default ``retry_condition_fn`` of :func:`~prefect_blocks.run_in_sandbox` and
+    ``@sandbox_task``: a module-level function (picklable by name, ``inspect.isfunction`` on
+    every supported Prefect)."""
+    return _DEFAULT_CONDITION(task, task_run, state)
 
 
 def take_redelivery_delay(task_run_id: Optional[UUID]) -> float:

@@ -38,7 +38,7 @@ from pydantic import Field, PrivateAttr
 from pandastack_jobs import FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
 from pandastack_jobs.reaper import delete_sandbox
 
-from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials
+from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Flow as APIFlow
@@ -106,10 +106,10 @@ class PandaStackJobConfiguration(BaseJobConfiguration):
         return dict(self._sandbox_env)
 
     def client(self) -> pandastack.Client:
-        return (self.credentials or PandaStackCredentials()).get_client()
+        return resolve_credentials(self.credentials).get_client()
 
     def redactor(self) -> Redactor:
-        redactor = (self.credentials or PandaStackCredentials()).redactor()
+        redactor = resolve_credentials(self.credentials).redactor()
         for name in ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING"):
             redactor.add(self._sandbox_env.get(name))
         return redactor
@@ -211,6 +211,35 @@ class PandaStackWorker(
         self._in_flight: set[str] = set()
         self._limiters: dict[int, anyio.CapacityLimiter] = {}
         self._polls = 0
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        """Refuse to start without credentials: otherwise every flow run it claims crashes."""
+        await self.check_credentials()
+        return await super().start(*args, **kwargs)
+
+    async def check_credentials(self) -> PandaStackCredentials:
+        """The credentials the pool's defaults resolve to (its block, the environment, the saved
+        default block); raises ``pandastack.AuthError`` naming the ways to give them."""
+        from prefect.client.orchestration import get_client
+
+        block: Optional[PandaStackCredentials] = None
+        async with get_client() as client:
+            try:
+                pool = await client.read_work_pool(self._work_pool_name)
+            except ObjectNotFound:  # the worker creates it with the default template: no block
+                pool = None
+            if pool is not None:
+                defaults = await self.job_configuration.from_template_and_values(
+                    pool.base_job_template, {}, client=client
+                )
+                block = defaults.credentials  # type: ignore[attr-defined]
+        try:
+            return await anyio.to_thread.run_sync(resolve_credentials, block)
+        except pandastack.AuthError as exc:
+            raise pandastack.AuthError(
+                f"pandastack worker for pool {self._work_pool_name!r} has no PandaStack credentials, so "
+                f"every flow run would crash: {exc}; or set the pool's credentials job variable"
+            ) from None
 
     async def run(
         self,
@@ -355,7 +384,7 @@ class PandaStackWorker(
         """
         pool = self._work_pool_name
         online = {w.name for w in await self.client.read_workers_for_work_pool(pool) if _online(w)}
-        client = (credentials or PandaStackCredentials()).get_client()
+        client = resolve_credentials(credentials).get_client()
         listed = await anyio.to_thread.run_sync(client.sandboxes.list)
         candidates = [sb for sb in listed if (sb.metadata or {}).get(META_POOL) == pool]
         orphans: dict[str, str] = {}

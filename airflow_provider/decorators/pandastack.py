@@ -21,11 +21,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
-from airflow.sdk.exceptions import AirflowFailException
 
 from pandastack_jobs import JobSpecError, function_job
 from pandastack_jobs.pyfunc import COMMAND
 
+from ..compat import AirflowFailException
 from ..operators.sandbox import PandaStackSandboxOperator
 
 if TYPE_CHECKING:

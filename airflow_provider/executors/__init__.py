@@ -20,6 +20,9 @@ __all__ = ["PandaStackExecutor"]
 
 def __getattr__(name: str) -> Any:
     if name == "PandaStackExecutor":
+        from airflow_provider.versions import check_executor
+
+        check_executor()  # on Airflow 3.1/3.2: a clear ImportError at scheduler start-up
         from .pandastack_executor import PandaStackExecutor
 
         return PandaStackExecutor

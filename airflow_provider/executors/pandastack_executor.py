@@ -41,6 +41,7 @@ from airflow.executors.workloads import ExecuteTask
 from pandastack_jobs import Redactor
 
 from .driver import PandaStackDriver, SandboxDriver
+from .hints import failure_hint
 from .models import (
     SandboxCapacityError,
     SandboxConfigurationError,
@@ -464,14 +465,16 @@ class PandaStackExecutor(BaseExecutor):
             else:
                 self.fail(key, info=lines[0] if lines else result.message)
 
-    @staticmethod
     def _failure_lines(
-        ref: SandboxExecutionRef, result: SandboxResult, output: SandboxOutput | None
+        self, ref: SandboxExecutionRef, result: SandboxResult, output: SandboxOutput | None
     ) -> list[str]:
         sandbox = ref.handle.display_name or ref.request_id
         head = f"PandaStackExecutor: sandbox {sandbox}: {result.message or result.state.value}"
         if result.exit_code is not None and "exit code" not in head:
             head += f" (exit code {result.exit_code})"
+        text = "" if output is None else output.stdout + "\n" + output.stderr
+        if hint := failure_hint(result, text, self.python, self.execution_api_url):
+            head += f"; {hint}"
         lines = [head]
         if output is not None:
             tail = (

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandastack
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
 from pandastack_jobs import ConnectionConfig, Redactor
+
+from ..compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import jinja2
 from airflow.sdk import BaseOperator, XComArg
-from airflow.sdk.exceptions import AirflowFailException
 
 from pandastack_jobs import (
     JobSpec,
@@ -34,8 +34,10 @@ from pandastack_jobs import (
 from pandastack_jobs.spec import FileContent
 
 from ..attempt import job_key
+from ..compat import HAS_RETRY_POLICY, AirflowFailException
 from ..hooks.pandastack import PandaStackHook
 from ..retry import pandastack_retry_policy
+from ..templating import template_error_message
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -89,7 +91,8 @@ class PandaStackJobBaseOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         options = {o.name: kwargs.pop(o.name, o.default) for o in job_options()}
-        kwargs.setdefault("retry_policy", pandastack_retry_policy)
+        if HAS_RETRY_POLICY:  # Airflow >= 3.3; before, the exception class alone decides
+            kwargs.setdefault("retry_policy", pandastack_retry_policy)
         super().__init__(**kwargs)
         self.command = command
         self.files = files
@@ -102,6 +105,14 @@ class PandaStackJobBaseOperator(BaseOperator):
                 validate_options(options)
             except JobSpecError as exc:
                 raise ValueError(f"{type(self).__name__} {self.task_id!r}: {exc}") from None
+
+    def _do_render_template_fields(self, *args: Any, **kwargs: Any) -> None:
+        """Render as Airflow does; a template error dead-letters the try (no retry can fix it).
+        Overridden here, not in ``render_template_fields``: a mapped task renders through this."""
+        try:
+            super()._do_render_template_fields(*args, **kwargs)
+        except jinja2.TemplateError as exc:
+            raise AirflowFailException(template_error_message(self.task_id, exc)) from None
 
     @cached_property
     def hook(self) -> PandaStackHook:

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandastack
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from pandastack_jobs import DEFAULT_PARENT_TTL, JobHandle, JobOutcome, JobSpec, WarmPool, WarmupFailed
 
 from ..attempt import reap_recorded, record_sandbox
+from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..hooks.pandastack import PandaStackHook
 from .job import PandaStackJobBaseOperator

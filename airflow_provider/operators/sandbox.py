@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pandastack
-from airflow.sdk.exceptions import AirflowFailException
 
 from pandastack_jobs import (
     DetachedJob,
@@ -39,6 +38,7 @@ from pandastack_jobs import (
 )
 
 from ..attempt import ENGINE, STATE_KEY, forget_sandbox, job_key, reap_recorded, record_sandbox
+from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..publish import DEFAULT_XCOM_MAX_BYTES, Publisher
 from .job import PandaStackJobBaseOperator
@@ -281,6 +281,6 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         publish = Publisher(
             self.log, context, self.object_storage_path, self.object_storage_conn_id, self.xcom_max_bytes
         )
-        if outcome.files:
-            ti.xcom_push(key="files", value=publish.files(outcome.files))
+        # Always pushed ({} when nothing was collected): a downstream pull never finds it missing.
+        ti.xcom_push(key="files", value=publish.files(outcome.files) if outcome.files else {})
         return publish.result(outcome)

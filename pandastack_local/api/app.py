@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pandastack_local import __version__, agent_client
+from pandastack_local.api import foreign
 from pandastack_local.api.routes import ROUTERS
 from pandastack_local.api.routes.deps import error
 from pandastack_local.config import ServerConfig
@@ -102,4 +103,5 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.add_exception_handler(agent_client.AgentUnavailable, agent_gone)
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(foreign.router)
     return app

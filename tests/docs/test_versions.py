@@ -1,0 +1,82 @@
+"""Issue 25, item 8: an unsupported engine fails at import, naming the range, and the ranges are
+the ones pyproject's extras declare (where pip enforces them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import tomllib
+
+from tests.docs.snippets import ROOT
+
+
+def _load(path: str) -> ModuleType:
+    """The import-light versions module alone (its package imports the engine, maybe absent here)."""
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_AF, _PF = _load("airflow_provider/versions.py"), _load("prefect_blocks/versions.py")
+AIRFLOW_RANGE, check_airflow, check_executor = _AF.SUPPORTED_TEXT, _AF.check_airflow, _AF.check_executor
+PREFECT_RANGE, check_prefect = _PF.SUPPORTED_TEXT, _PF.check_prefect
+
+
+def test_extras_declare_the_supported_ranges() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["airflow"] == [AIRFLOW_RANGE]
+    assert extras["prefect"] == [PREFECT_RANGE]
+
+
+@pytest.mark.parametrize("found", [(3, 0), (2, 11), (3, 4), (4, 0)])
+def test_airflow_outside_the_range_is_refused(found) -> None:
+    with pytest.raises(ImportError, match=r"apache-airflow>=3\.1,<3\.4"):
+        check_airflow(found)
+
+
+@pytest.mark.parametrize("found", [(3, 1), (3, 2), (3, 3)])
+def test_airflow_in_the_range_passes(found) -> None:
+    check_airflow(found)
+
+
+def test_executor_needs_33() -> None:
+    with pytest.raises(ImportError, match=r"apache-airflow>=3\.3"):
+        check_executor((3, 2))
+    check_executor((3, 3))
+
+
+@pytest.mark.parametrize("found", [(3, 5), (3, 10), (2, 20)])
+def test_prefect_outside_the_range_is_refused(found) -> None:
+    with pytest.raises(ImportError, match=r"prefect>=3\.6,<3\.10"):
+        check_prefect(found)
+
+
+@pytest.mark.parametrize("found", [(3, 6), (3, 8), (3, 9)])
+def test_prefect_in_the_range_passes(found) -> None:
+    check_prefect(found)
+
+
+@pytest.mark.parametrize(
+    ("dist", "ver", "module", "expected"),
+    [
+        ("apache_airflow", "3.0.6", "airflow_provider", "apache-airflow>=3.1,<3.4"),
+        ("prefect", "3.5.2", "prefect_blocks", "prefect>=3.6,<3.10"),
+    ],
+)
+def test_import_on_an_unsupported_install_fails_at_once(tmp_path: Path, dist, ver, module, expected) -> None:
+    # What an installed older engine looks like to importlib.metadata (first on the path wins).
+    info = tmp_path / f"{dist}-{ver}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: {ver}\n")
+    code = f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]; import {module}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError") and expected in last and ver.rsplit(".", 1)[0] in last, last
