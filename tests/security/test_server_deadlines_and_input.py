@@ -561,6 +561,46 @@ def test_a_reply_line_without_the_runs_token_is_never_taken_as_the_reply(
     assert run_code(http, sid, cid, "6 * 8").json()["stdout"] == "48\n"
 
 
+def _landlock_abi() -> int:
+    import ctypes
+
+    return int(ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+
+
+SIGNAL_OTHERS = """
+import json, os
+agent = int(open(f"/proc/{{os.getppid()}}/stat").read().rsplit(")", 1)[1].split()[1])
+out = {{}}
+for name, pid in (("agent", agent), ("supervisor", os.getppid()), ("other context", {pid})):
+    try:
+        os.kill(pid, 0)
+        out[name] = "allowed"
+    except OSError as exc:
+        out[name] = exc.strerror
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    GVISOR, reason="gVisor has no Landlock: docs/local-server.md says contexts can signal there"
+)
+@pytest.mark.skipif(not GVISOR and _landlock_abi() < 6, reason="Landlock signal scoping needs Linux 6.12+")
+def test_a_code_context_cannot_signal_the_agent_its_supervisor_or_another_context(
+    http: httpx.Client, make_sandbox: Callable[..., str]
+) -> None:
+    """So code in a context cannot stop the agent (crossing 11 from a context) or kill its
+    supervisor (which would let what it started escape close) or another context."""
+    sid = make_sandbox()
+    victim, attacker = open_context(http, sid), open_context(http, sid)
+    pid = _context_pid(http, sid, victim)
+    r = run_code(http, sid, attacker, SIGNAL_OTHERS.format(pid=pid))
+    assert r.status_code == 200, r.text
+    report = json.loads(r.json()["stdout"])
+    assert report == dict.fromkeys(("agent", "supervisor", "other context"), "Operation not permitted"), (
+        report
+    )
+
+
 # ---- crossing 16: close() kills everything the context started ----------------------------------
 
 
