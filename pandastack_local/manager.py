@@ -50,7 +50,7 @@ READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take second
 AGENT_LOSS_SETTLE_SECONDS = 3.0
 # A request in flight keeps its sandbox busy (idle 0) while its agent showed life (a frame, the
 # heartbeat included) this recently; past it, the sandbox counts as idle from that last sign.
-BUSY_GRACE_SECONDS = 3 * HEARTBEAT_SECONDS
+BUSY_GRACE_SECONDS = 5 * HEARTBEAT_SECONDS  # room for a loaded host
 
 
 class ApiError(Exception):
