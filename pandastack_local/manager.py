@@ -26,6 +26,7 @@ from typing import Any
 from pandastack_local import agent_client
 from pandastack_local.admission import Admission, Occupant
 from pandastack_local.config import ServerConfig
+from pandastack_local.guest.agent import HEARTBEAT_SECONDS
 from pandastack_local.isolation import guest_dir
 from pandastack_local.isolation.backend import MemoryForker, make_backend
 from pandastack_local.isolation.cgroups import Cgroups
@@ -46,6 +47,9 @@ TEMPLATE_BUILD_WAIT_SECONDS = 20.0  # a create waits this long for a template st
 READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take seconds to start python
 AGENT_LOSS_SETTLE_SECONDS = 3.0
 PRESSURE_SCAN_SECONDS = 0.5  # how often the pressure guard reads the sandboxes' memory use
+# A request in flight keeps its sandbox busy (idle 0) while its agent showed life (a frame, the
+# heartbeat included) this recently; past it, the sandbox counts as idle from that last sign.
+BUSY_GRACE_SECONDS = 5 * HEARTBEAT_SECONDS  # room for a loaded host
 
 
 class ApiError(Exception):
@@ -74,9 +78,15 @@ class Sandbox:
     boot_ms: int = 0
     boot_mode: str = "cold"
     status: str = "running"
+    # The last sign of use: a request's start and end, and each frame its agent sent during one.
     last_active: float = field(default_factory=time.monotonic)
     active_ops: int = 0
+    # Requests in flight that wait on the server, not on the agent (a fork's checkpoint): busy.
+    held_ops: int = 0
     active_execs: int = 0
+    # Why the sandbox was lost (its agent stopped answering) or deleted; "" while it is not.
+    ended: str = ""
+    resumed_at: float = float("-inf")
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     # The boundary around it: "bwrap" or "gvisor" (isolation/backend.py).
     isolation: str = "bwrap"
@@ -198,6 +208,8 @@ class SandboxManager:
 
     def running(self, sandbox_id: str) -> Sandbox:
         sb = self.get(sandbox_id)
+        if sb.ended:
+            raise ApiError(500, f"sandbox {sb.id} is not running: {sb.ended}")
         if sb.status == "paused":
             raise ApiError(409, "sandbox is paused")
         if not sb.process.alive():
@@ -205,24 +217,70 @@ class SandboxManager:
             raise ApiError(500, "sandbox is not running (its processes have exited)")
         return sb
 
-    async def agent_lost(self, sb: Sandbox) -> None:
-        """The agent went away mid-request: the sandbox is dying (the agent is its init's only
-        child). Wait briefly for it to exit, so a client asking right after sees ``failed``."""
+    def watch(self, sb: Sandbox, silence: float = agent_client.AGENT_SILENCE_SECONDS) -> agent_client.Watch:
+        """How a request to ``sb``'s agent reports signs of life and waits out a pause."""
+
+        def alive() -> None:
+            sb.last_active = time.monotonic()
+
+        def hold() -> bool:  # frozen on purpose, or just thawed (its heartbeat not back yet)
+            return sb.status == "paused" or time.monotonic() - sb.resumed_at < silence
+
+        return agent_client.Watch(alive=alive, hold=hold, silence=silence)
+
+    async def agent_lost(self, sb: Sandbox, exc: agent_client.AgentUnavailable) -> ApiError:
+        """What a request that lost its agent answers. An agent that stopped answering
+        (``AgentLost``) marks its sandbox lost: it is killed at once, every later request fails at
+        once, and the record goes with its TTL. An agent that went away (its sandbox dying: the
+        agent is its init's only child) is waited for briefly, so a client asking right after
+        sees ``failed``."""
+        if isinstance(exc, agent_client.AgentDeadline):
+            return ApiError(500, str(exc))
+        if sb.ended:
+            return ApiError(500, f"sandbox {sb.id} is not running: {sb.ended}")
+        if isinstance(exc, agent_client.AgentLost):
+            await self.mark_lost(sb, str(exc))
+            return ApiError(500, f"sandbox {sb.id}: {exc}; it was killed")
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(sb.process.proc.wait, AGENT_LOSS_SETTLE_SECONDS)
         if sb.status in ("running", "paused") and not sb.process.alive():
             sb.status = "failed"
+        return ApiError(500, str(exc))
+
+    async def mark_lost(self, sb: Sandbox, why: str) -> None:
+        """The sandbox's agent does not answer: kill its processes now (the record stays, failed,
+        until it is deleted or its TTL passes)."""
+        if sb.ended:
+            return
+        sb.ended = f"its agent stopped answering and it was killed ({why})"
+        sb.status = "failed"
+        sb.last_active = time.monotonic()
+        sb.log(f"lost: {sb.ended}")
+        log.warning("sandbox %s lost: %s", sb.id, why)
+        await self._kill(sb.process)
 
     @contextlib.contextmanager
-    def activity(self, sb: Sandbox) -> Any:
-        """Mark the sandbox busy: the idle TTL counts from the end of its last request."""
+    def activity(self, sb: Sandbox, hold: bool = False) -> Any:
+        """Mark the sandbox busy: the idle TTL counts from the end of its last request, or from
+        its agent's last sign of life during one (``watch``). ``hold``: the request waits on the
+        server itself (a fork's checkpoint), busy however long that takes (it has deadlines)."""
         sb.active_ops += 1
+        sb.held_ops += hold
         sb.last_active = time.monotonic()
         try:
             yield sb
         finally:
             sb.active_ops -= 1
+            sb.held_ops -= hold
             sb.last_active = time.monotonic()
+
+    def idle_seconds(self, sb: Sandbox, now: float | None = None) -> float:
+        """Seconds since the sandbox was last used: 0 while a request is in flight and its agent
+        answers (or the server holds it); a request waiting on a silent agent does not count."""
+        quiet = (time.monotonic() if now is None else now) - sb.last_active
+        if sb.held_ops or (sb.active_ops and quiet <= BUSY_GRACE_SECONDS):
+            return 0.0
+        return quiet
 
     # ---- create / delete ------------------------------------------------------
     def template(self, name: str) -> Template:
@@ -262,7 +320,8 @@ class SandboxManager:
     def _occupants(self) -> list[Occupant]:
         """Who holds memory: the live sandboxes, and under the usage policy the pool too (its
         sandboxes use memory; their limits are no claim until one is taken)."""
-        out = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values()]
+        # A lost sandbox's processes are gone: its record holds no memory.
+        out = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values() if not sb.ended]
         if self.admission.policy == "usage":
             for name, pool in self.pool.items():
                 limit = self.templates[name].memory_mb if name in self.templates else 0
@@ -274,7 +333,8 @@ class SandboxManager:
         neighbour within its fair share out of memory."""
         while True:
             await asyncio.sleep(PRESSURE_SCAN_SECONDS)
-            occupants = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values()]
+            live = (sb for sb in self.sandboxes.values() if not sb.ended)
+            occupants = [Occupant(sb.id, sb.template.memory_mb) for sb in live]
             squeezed = self.admission.relieve(occupants)
             if squeezed is not None and squeezed in self.sandboxes:
                 self.sandboxes[squeezed].log(
@@ -341,8 +401,11 @@ class SandboxManager:
         name = process.name
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
+            left = max(deadline - time.monotonic(), 0.1)
             try:
-                await agent_client.call(process.socket_path, {"op": "ping"})
+                await agent_client.call(
+                    process.socket_path, {"op": "ping"}, agent_client.Watch(silence=left), left
+                )
                 break
             except agent_client.AgentUnavailable:
                 if not process.alive() or time.monotonic() > deadline:
@@ -391,35 +454,37 @@ class SandboxManager:
         finally:
             self._refilling.discard(name)
 
-    async def delete(self, sandbox_id: str) -> None:
+    async def delete(self, sandbox_id: str, why: str = "it was deleted") -> None:
         sb = self.sandboxes.pop(sandbox_id, None)
         if sb is None:
             raise ApiError(404, "not found")
         sb.status = "deleted"
+        sb.ended = sb.ended or why
         self.admission.forget(sb.id)
         await self._kill(sb.process)
 
     # ---- lifecycle ------------------------------------------------------------
     def lifecycle(self, sb: Sandbox) -> dict[str, Any]:
-        idle = 0 if sb.active_ops else int(time.monotonic() - sb.last_active)
+        idle = int(self.idle_seconds(sb))
         return {"ttl_seconds": sb.ttl_seconds or 0, "persistent": sb.persistent, "idle_seconds": idle}
 
     async def _ttl_loop(self) -> None:
+        """Delete each sandbox idle past its TTL. A request in flight does not hold it forever:
+        it counts as use only while its agent shows life (``idle_seconds``), and every request to
+        an agent has deadlines (``agent_client``)."""
         while True:
             await asyncio.sleep(self.config.ttl_scan_interval)
             now = time.monotonic()
             for sb in list(self.sandboxes.values()):
-                if sb.persistent or not sb.ttl_seconds or sb.active_ops:
+                if sb.persistent or not sb.ttl_seconds:
                     continue
-                if now - sb.last_active >= sb.ttl_seconds:
-                    log.warning(
-                        "sandbox %s idle for %ds > ttl %ds: deleting",
-                        sb.id,
-                        now - sb.last_active,
-                        sb.ttl_seconds,
-                    )
+                idle = self.idle_seconds(sb, now)
+                if idle >= sb.ttl_seconds:
+                    log.warning("sandbox %s idle for %ds > ttl %ds: deleting", sb.id, idle, sb.ttl_seconds)
                     with contextlib.suppress(ApiError):
-                        await self.delete(sb.id)
+                        await self.delete(
+                            sb.id, f"it was idle for {idle:.0f}s, past its TTL of {sb.ttl_seconds}s"
+                        )
 
     # ---- pause / resume -------------------------------------------------------
     async def pause(self, sb: Sandbox, paused: bool) -> None:
@@ -431,6 +496,8 @@ class SandboxManager:
                 with contextlib.suppress(OSError):
                     os.kill(pid, sig)
         sb.status = "paused" if paused else "running"
+        if not paused:
+            sb.resumed_at = time.monotonic()
         sb.log("paused" if paused else "resumed")
 
     # ---- fork -----------------------------------------------------------------
@@ -438,11 +505,12 @@ class SandboxManager:
         """Cold fork (bwrap): new sandboxes from the same template with a copy of the parent's
         disk. Under gVisor a memory fork: see ``_memory_fork``."""
         if count < 1 or count > MAX_FORK_COUNT:
-            raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}")
+            raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}: got {count}")
         self._admit(parent.template, count)
         forker = self.backend.memory_forker()
         if forker is not None:
             return await self._memory_fork(forker, parent, count)
+        parent_watch = self.watch(parent)
         children: list[Sandbox] = []
         try:
             for _ in range(count):
@@ -453,13 +521,19 @@ class SandboxManager:
                 child.boot_mode = "fork"
                 children.append(child)
                 await agent_client.copy_disk(
-                    parent.process.socket_path, child.process.socket_path, fork_copy_cap(parent.template)
+                    parent.process.socket_path,
+                    child.process.socket_path,
+                    fork_copy_cap(parent.template),
+                    parent_watch,
+                    self.watch(child),
                 )
                 child.log(f"forked from {parent.id} (disk copied)")
         except (agent_client.AgentUnavailable, agent_client.AgentError) as exc:
             for child in children:
                 with contextlib.suppress(ApiError):
                     await self.delete(child.id)
+            if isinstance(exc, agent_client.AgentLost) and exc.watch is parent_watch:
+                raise await self.agent_lost(parent, exc) from exc
             too_big = isinstance(exc, agent_client.AgentError) and exc.errno == agent_client.TOO_BIG
             raise ApiError(409 if too_big else 500, f"fork failed: {exc}") from exc
         except BaseException:
@@ -477,10 +551,12 @@ class SandboxManager:
         backend.prepare_quiesce(parent.process)
         try:
             try:
-                await agent_client.quiesce(parent.process.socket_path)
+                await agent_client.quiesce(parent.process.socket_path, self.watch(parent))
                 await asyncio.to_thread(backend.checkpoint, parent.process, image)
             except agent_client.AgentError as exc:
                 raise ApiError(409, f"fork failed: {exc}") from exc
+            except agent_client.AgentLost as exc:
+                raise await self.agent_lost(parent, exc) from exc
             except (agent_client.AgentUnavailable, RuntimeError) as exc:
                 raise ApiError(500, f"fork failed: {exc}") from exc
             finally:

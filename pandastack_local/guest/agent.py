@@ -10,7 +10,10 @@ import anything from ``pandastack_local``.
 Protocol: one unix-socket connection per operation. Every message is a frame:
 ``kind`` (1 byte) + ``length`` (4 bytes, big endian) + payload. The request is a
 JSON frame, optionally followed by DATA frames and an END frame; the reply is
-zero or more STDOUT/STDERR/DATA frames and one final JSON frame.
+zero or more STDOUT/STDERR/DATA frames and one final JSON frame. While the agent handles a
+connection it sends a BEAT frame (empty) on it every HEARTBEAT_SECONDS, whatever the operation is
+doing: the server's proof that the agent is alive (``agent_client``: a connection silent for its
+deadline means a stopped or hung agent, not a slow command).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import threading
 import time
 from typing import Any
 
-JSON, STDOUT, STDERR, DATA, END = 0, 1, 2, 3, 4
+JSON, STDOUT, STDERR, DATA, END, BEAT = 0, 1, 2, 3, 4, 5
 _HEADER = struct.Struct("!BI")
+HEARTBEAT_SECONDS = 1.0
+BEAT_FRAME = _HEADER.pack(BEAT, 0)
 MAX_FRAME = 1 << 20
 CHUNK = 64 * 1024
 # The most a file read sends (the server asks for its own cap; this is the fallback).
@@ -39,6 +44,8 @@ MAX_READ_BYTES = 32 * 1024 * 1024
 # errno names for refusals that are the file's fault, not the agent's (the server maps them to 4xx).
 NOT_REGULAR = "EFTYPE"
 TOO_BIG = "EFBIG"
+# A delete whose path resolves to the sandbox's root (``/proc/self/root/``, ``/proc/1/cwd/``...).
+IS_ROOT = "EISROOT"
 # Tar headers and block padding a fork's copy carries on top of its file data.
 TAR_OVERHEAD_BYTES = 1024 * 1024
 # The exec's output is drained for this long after its shell exits, so a
@@ -74,7 +81,7 @@ def pack_json(obj: Any) -> bytes:
     return pack(JSON, json.dumps(obj).encode())
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: Conn, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -84,7 +91,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> tuple[int, bytes]:
+def recv_frame(sock: Conn) -> tuple[int, bytes]:
     kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
     if length > MAX_FRAME:
         raise ValueError("frame too large")
@@ -94,7 +101,7 @@ def recv_frame(sock: socket.socket) -> tuple[int, bytes]:
 class FrameReader:
     """File-like reader over DATA frames, ending at an END frame (for tarfile)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: Conn) -> None:
         self.sock = sock
         self.buf = b""
         self.done = False
@@ -118,7 +125,7 @@ class FrameReader:
 class FrameWriter:
     """File-like writer that sends DATA frames (for tarfile)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: Conn) -> None:
         self.sock = sock
 
     def write(self, data: bytes) -> int:
@@ -169,7 +176,7 @@ class ClientGone(Exception):
     """The server closed the exec's connection: its client went away."""
 
 
-def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
+def op_exec(sock: Conn, req: dict[str, Any]) -> None:
     timeout = float(req.get("timeout_seconds") or 0)
     try:
         proc = subprocess.Popen(
@@ -242,7 +249,23 @@ def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
 
 
 def _fs_error(op: str, path: str, exc: OSError) -> dict[str, Any]:
-    return {"error": f"{op} {path}: {exc.strerror}", "errno": errno.errorcode.get(exc.errno or 0, "")}
+    """The OS's refusal, naming the path asked for, the reason and its errno (and the file the
+    OS refused when that is another one, e.g. inside a tree being deleted)."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    where = ""
+    if exc.filename and os.fsdecode(exc.filename) != path:
+        where = f" at {printable(os.fsdecode(exc.filename))}"
+    reason = exc.strerror or str(exc)
+    return {
+        "error": f"{op} {path}: {reason} ({code}){where}" if code else f"{op} {path}: {reason}{where}",
+        "errno": code,
+    }
+
+
+def printable(name: str) -> str:
+    """A file name as JSON can carry it: the bytes that are not UTF-8 (decoded by Python as lone
+    surrogates) each become U+FFFD, as the real server's Go JSON encoder writes them."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _type_letter(mode: int) -> str:
@@ -313,7 +336,7 @@ def open_regular(path: str, flags: int) -> int:
         raise
 
 
-def read_capped(sock: socket.socket, path: str, cap: int) -> None:
+def read_capped(sock: Conn, path: str, cap: int) -> None:
     """Send at most ``cap`` bytes of a regular file; a larger (sparse, growing) one is refused."""
     fd = open_regular(path, os.O_RDONLY)
     with os.fdopen(fd, "rb", buffering=0) as f:
@@ -328,7 +351,27 @@ def read_capped(sock: socket.socket, path: str, cap: int) -> None:
             sock.sendall(pack(DATA, chunk))
 
 
-def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
+def list_capped(sock: Conn, path: str, cap: int) -> None:
+    """A directory's entries as a JSON list in DATA frames (a big directory does not fit one
+    frame), at most ``cap`` bytes of it: a larger listing is refused while it is scanned."""
+    entries: list[dict[str, Any]] = []
+    size = 2
+    with os.scandir(path) as it:
+        for e in it:  # not followed, like the real server's find -printf %y: a link is "l"
+            entry = _entry(printable(e.name), e.stat(follow_symlinks=False))
+            size += len(json.dumps(entry)) + 2
+            if size > cap:
+                raise Refused(
+                    f"the listing is over the {cap}-byte cap (more than {len(entries)} entries): list "
+                    "a smaller directory, or use exec",
+                    TOO_BIG,
+                )
+            entries.append(entry)
+    entries.sort(key=lambda e: e["name"])
+    FrameWriter(sock).write(json.dumps(entries).encode())
+
+
+def op_fs(sock: Conn, req: dict[str, Any]) -> None:
     op, path = req["op"], req["path"]
     try:
         if op == "read":
@@ -356,12 +399,8 @@ def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
                 pack_json({"ok": True, "entry": _entry(os.path.basename(path) or "/", os.stat(path))})
             )
         elif op == "list":
-            entries = []
-            with os.scandir(path) as it:
-                for e in it:  # not followed, like the real server's find -printf %y: a link is "l"
-                    entries.append(_entry(e.name, e.stat(follow_symlinks=False)))
-            entries.sort(key=lambda e: e["name"])
-            sock.sendall(pack_json({"ok": True, "entries": entries}))
+            list_capped(sock, path, min(int(req.get("max_bytes") or MAX_READ_BYTES), MAX_READ_BYTES))
+            sock.sendall(pack_json({"ok": True}))
         elif op == "delete":
             _remove_all(path)
             sock.sendall(pack_json({"ok": True}))
@@ -373,18 +412,37 @@ def op_fs(sock: socket.socket, req: dict[str, Any]) -> None:
         sock.sendall(pack_json(_fs_error(op, path, exc)))
 
 
+def _delete_target(path: str) -> str:
+    """The path a delete acts on, resolved as the OS resolves it: every link on the way is
+    followed (``/proc/self/root/`` is ``/``), the last component only with a trailing slash or
+    as ``.`` (a link is removed, not what it points to, as ``rm -rf`` does)."""
+    stripped = path.rstrip("/")
+    parent, name = os.path.split(stripped)
+    if not stripped or path.endswith("/") or name == ".":
+        return os.path.realpath(path)
+    return os.path.join(os.path.realpath(parent or "/"), name)
+
+
 def _remove_all(path: str) -> None:
-    """Like Go's os.RemoveAll: a missing path is not an error."""
+    """Like Go's os.RemoveAll (a missing path is not an error), on the resolved path: the
+    sandbox's root is refused however the path spells it, and so is the agent's own socket."""
+    target = _delete_target(path)
+    if target == "/":
+        raise Refused(f"path {path!r} resolves to the sandbox's root (/): refusing to delete /", IS_ROOT)
+    if SOCKET_DIR and (target == SOCKET_DIR or target.startswith(SOCKET_DIR + "/")):
+        raise Refused(
+            f"path {path!r} is the agent's socket: the server reaches the sandbox through it", "EACCES"
+        )
     try:
-        st = os.lstat(path)
+        st = os.lstat(target)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
         import shutil
 
-        shutil.rmtree(path)
+        shutil.rmtree(target)
     else:
-        os.unlink(path)
+        os.unlink(target)
 
 
 def _disk_bytes(cap: int) -> tuple[int, str]:
@@ -414,7 +472,7 @@ def _disk_bytes(cap: int) -> tuple[int, str]:
 class CappedWriter(FrameWriter):
     """A FrameWriter that refuses to send more than ``cap`` bytes (a file grew mid-copy)."""
 
-    def __init__(self, sock: socket.socket, cap: int) -> None:
+    def __init__(self, sock: Conn, cap: int) -> None:
         super().__init__(sock)
         self.cap = cap
         self.sent = 0
@@ -426,7 +484,7 @@ class CappedWriter(FrameWriter):
         return super().write(data)
 
 
-def op_tar_out(sock: socket.socket, req: dict[str, Any]) -> None:
+def op_tar_out(sock: Conn, req: dict[str, Any]) -> None:
     """Stream the sandbox's own disk (not the system view) as a tar, at most ``max_bytes`` of
     file data: the sizes are summed first, so a 1 TiB sparse file is refused in a moment
     instead of streaming a terabyte of zeros."""
@@ -453,7 +511,7 @@ def op_tar_out(sock: socket.socket, req: dict[str, Any]) -> None:
     sock.sendall(pack_json({"ok": True}))
 
 
-def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
+def op_tar_in(sock: Conn, req: dict[str, Any]) -> None:
     import tarfile
 
     reader = FrameReader(sock)
@@ -469,79 +527,259 @@ def op_tar_in(sock: socket.socket, req: dict[str, Any]) -> None:
     sock.sendall(pack_json({"ok": True}))
 
 
+# Landlock (Linux 5.13+; not in gVisor): each code context runs in a Landlock domain of its own,
+# entered before its python starts, and Landlock lets no process reach into (ptrace, /proc/<pid>/mem,
+# /proc/<pid>/fd, pidfd_getfd) a process outside its own domain: contexts cannot read or forge each
+# other, not even in the instant before a kernel makes itself non-dumpable.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_RESTRICT_SELF = 444, 446  # the same on every architecture
+LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11  # a right only CAP_MKNOD has: handling it restricts nothing
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def landlock_ruleset() -> int | None:
+    """A Landlock ruleset's fd (close-on-exec), or None where the kernel has no Landlock."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        abi = int(libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        if abi < 1:
+            return None
+        # struct landlock_ruleset_attr {handled_access_fs, handled_access_net, scoped}: zeros past
+        # what an older kernel knows are accepted. No signal scope here: the supervisor signals
+        # the context's processes only, and the kernel below it scopes itself (repl_kernel.py).
+        attr = (ctypes.c_uint64 * 3)(LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0, 0)
+        fd = int(
+            libc.syscall(
+                SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), ctypes.c_uint32(0)
+            )
+        )
+    except (OSError, AttributeError):
+        return None
+    return fd if fd >= 0 else None
+
+
+class Landlock:
+    """Enter a new Landlock domain from a ruleset made once (``preexec_fn`` of a kernel: the
+    child calls two syscalls through functions looked up before the fork)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.prctl, self.syscall, self.get_errno = libc.prctl, libc.syscall, ctypes.get_errno
+        self.ruleset = landlock_ruleset()
+
+    def enter(self) -> None:
+        if self.ruleset is None:
+            return
+        if (
+            self.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            or self.syscall(SYS_LANDLOCK_RESTRICT_SELF, self.ruleset, 0) != 0
+        ):
+            raise OSError(self.get_errno(), "landlock_restrict_self failed")
+
+
+LANDLOCK: Landlock | None = None
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` in the sandbox (children, theirs, ...): a code context's
+    supervisor is a subreaper, so what the context started stays below it whatever its session."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        children.setdefault(int(data[data.rfind(b")") + 2 :].split()[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_descendants(root: int) -> None:
+    """SIGKILL everything below ``root`` until nothing is left (a process forking as it dies
+    leaves a child the next round finds)."""
+    for _ in range(100):
+        pids = _descendants(root)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    return data[data.rfind(b")") + 2 :].split()[19].decode()
+
+
+def _token() -> str:
+    return os.urandom(16).hex()
+
+
+class ClientLeft(Exception):
+    """The server hung up while a run waited for its reply: its client went away."""
+
+
+# After its client left, a run is interrupted and has this long to answer before it is killed.
+INTERRUPT_GRACE_SECONDS = 5.0
+
+
 class CodeContext:
-    """A code context's Python process (``repl_kernel.py``): a pipe for requests, one for replies."""
+    """A code context's Python process (``repl_kernel.py``), reached through a socket pair.
+
+    The process the agent starts is the context's supervisor: it makes itself non-dumpable and a
+    subreaper, forks the kernel proper (non-dumpable too, in a nested Landlock domain that cannot
+    signal out of it) and reaps every orphan of the context, so ``close()`` finds and kills all
+    the context started, ``setsid`` or not. Each request carries a fresh random token and only the
+    reply line that carries it back is taken: a line written into the channel by anything else
+    is never attributed to the context.
+    """
 
     def __init__(self, caps: dict[str, int]) -> None:
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
+        global LANDLOCK
+        if LANDLOCK is None:
+            LANDLOCK = Landlock()
+        # One socket pair, not two pipes: a pipe can be opened again through /proc/<pid>/fd/N by
+        # any process allowed to look (gVisor does not apply dumpability there); a socket cannot.
+        self.chan, kernel_end = socket.socketpair()
         self.lock = threading.Lock()
         self.created, self.cells, self.closed, self.pending = time.time(), 0, False, b""
+        self.kernel, self.kernel_start = 0, ""
         try:
             self.proc = subprocess.Popen(
-                ["python3", "-u", "/.pandastack/repl_kernel.py", json.dumps(caps), str(req_r), str(rep_w)],
+                ["python3", "-u", "/.pandastack/repl_kernel.py", json.dumps(caps), str(kernel_end.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 cwd="/root",
                 env=GUEST_ENV,
                 start_new_session=True,
-                pass_fds=(req_r, rep_w),
+                pass_fds=(kernel_end.fileno(),),
+                preexec_fn=LANDLOCK.enter if LANDLOCK.ruleset is not None else None,
             )
-        except OSError as exc:  # no python3 on PATH, no process to be had (pids limit)
-            for fd in (self.req_w, self.rep_r):
-                os.close(fd)
+        except (OSError, subprocess.SubprocessError) as exc:  # no python3, no process to be had
+            self.chan.close()
             raise Refused(f"the code context's python3 could not start: {exc}", "ENOEXEC") from exc
         finally:
-            os.close(req_r)
-            os.close(rep_w)
+            kernel_end.close()
+
+    def start(self, deadline: float) -> str:
+        """Wait for the kernel's hello; "" when it is ready, else why not."""
+        token = _token()
+        if not self.send({"hello": token}):
+            return f"exited (code {self.proc.wait()})"
+        line, why = self.reply(deadline, CHUNK, token)
+        if not line:
+            return why
+        try:
+            self.kernel = int(json.loads(line)["pid"])
+        except (ValueError, KeyError, TypeError):
+            return "answered its hello with something that is not its hello"
+        self.kernel_start = _start_time(self.kernel)
+        return ""
 
     def send(self, request: dict[str, Any]) -> bool:
         """Write one request line; False if the process is gone."""
-        data = memoryview(json.dumps(request).encode() + b"\n")
         try:
-            while data:
-                data = data[os.write(self.req_w, data) :]
+            self.chan.sendall(json.dumps(request).encode() + b"\n")
         except OSError:
             return False
         return True
 
-    def reply(self, deadline: float, cap: int) -> tuple[bytes, str]:
-        """One reply line of at most ``cap`` bytes by ``deadline``, or b"" and why not. What came
-        after the line (code in the context can write to the pipe too) waits for the next call."""
-        buf = bytearray(self.pending)  # bytearray and a search of each chunk only: linear in the reply
-        end = buf.find(b"\n")
-        while end < 0:
+    def reply(self, deadline: float, cap: int, token: str, hangup: Conn | None = None) -> tuple[bytes, str]:
+        """The reply line carrying ``token``, by ``deadline``, or b"" and why not; at most ``cap``
+        bytes are read for it. A line without the token is dropped (code in a context can write to
+        its channel); what came after the reply waits for the next call. ``hangup``: the server's
+        connection, whose turning readable means it hung up (raises ClientLeft)."""
+        mark = b'{"token": "' + token.encode() + b'"'
+        buf = bytearray(self.pending)  # bytearray and a search of new bytes only: linear in the reply
+        read, scanned = 0, 0
+        watched: list[Any] = [self.chan] if hangup is None else [self.chan, hangup]
+        while True:
+            end = buf.find(b"\n", scanned)
+            if end >= 0:
+                line = bytes(buf[: end + 1])
+                del buf[: end + 1]
+                scanned = 0
+                at = line.find(mark)
+                if at >= 0:
+                    self.pending = bytes(buf)
+                    return line[at:], ""
+                continue  # not the kernel's reply to this request: never taken as one
+            scanned = len(buf)
             left = deadline - time.monotonic()
             if left <= 0:
+                self.pending = b""
                 return b"", "did not answer in time and was killed"
-            if len(buf) > cap:
+            if read > cap:
+                self.pending = b""
                 return b"", f"sent a reply over the {cap}-byte cap and was killed"
-            if not select.select([self.rep_r], [], [], left)[0]:
+            ready = select.select(watched, [], [], min(left, 1.0))[0]
+            if hangup is not None and hangup in ready:
+                self.pending = bytes(buf)
+                raise ClientLeft
+            if self.chan not in ready:
                 continue
-            chunk = os.read(self.rep_r, CHUNK)
+            try:
+                chunk = self.chan.recv(CHUNK)
+            except OSError:
+                chunk = b""
             if not chunk:
+                self.pending = b""
                 return b"", f"exited (code {self.proc.wait()})"
-            if (found := chunk.find(b"\n")) >= 0:
-                end = len(buf) + found
+            read += len(chunk)
             buf += chunk
-        self.pending = bytes(buf[end + 1 :])
-        return bytes(buf[: end + 1]), ""
+
+    def interrupt(self) -> None:
+        """Interrupt the running cell (the kernel's timeout signal): it answers as timed out."""
+        if self.kernel and _start_time(self.kernel) == self.kernel_start:
+            try:
+                os.kill(self.kernel, signal.SIGALRM)
+            except OSError:
+                pass
 
     def close(self) -> None:
+        """Kill everything the context started, then its supervisor and kernel."""
         if self.closed:
             return
         self.closed = True
-        _kill_tree(self.proc.pid)
+        if self.proc.poll() is None:
+            _kill_descendants(self.proc.pid)
+        if self.kernel and _start_time(self.kernel) == self.kernel_start:  # orphaned: its supervisor died
+            _kill_descendants(self.kernel)
+            try:
+                os.kill(self.kernel, signal.SIGKILL)
+            except OSError:
+                pass
+        _kill_tree(self.proc.pid)  # its session too, as before (a process the walk raced past)
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
         self.proc.wait()
-        for fd in (self.req_w, self.rep_r):
-            os.close(fd)
+        self.chan.close()
 
 
 CONTEXTS: dict[str, CodeContext] = {}
 
 
-def op_repl(sock: socket.socket, req: dict[str, Any]) -> None:
+def op_repl(sock: Conn, req: dict[str, Any]) -> None:
     """Open, run in, close or list code contexts; a run's reply line goes back as DATA frames."""
     op, cid = req["op"], str(req.get("id", ""))
     if op == "repl_list":
@@ -552,8 +790,8 @@ def op_repl(sock: socket.socket, req: dict[str, Any]) -> None:
         if len(CONTEXTS) >= int(req["max_contexts"]):
             raise Refused(f"the sandbox has {len(CONTEXTS)} code contexts: close one first", "EMLINK")
         started = CodeContext(req["caps"])
-        ready, why = started.reply(time.monotonic() + float(req["start_seconds"]), CHUNK)
-        if not ready:
+        why = started.start(time.monotonic() + float(req["start_seconds"]))
+        if why:
             started.close()
             raise Refused(f"the code context's python3 did not start: it {why}", "ENOEXEC")
         CONTEXTS[cid] = started
@@ -567,18 +805,32 @@ def op_repl(sock: socket.socket, req: dict[str, Any]) -> None:
         ctx.close()
         sock.sendall(pack_json({"ok": True}))
         return
-    with ctx.lock:
+    wait = float(req["wait_seconds"])
+    if not ctx.lock.acquire(timeout=wait):
+        raise Refused("the code context is busy with another run: retry when it ends", "EBUSY")
+    try:
         ctx.cells += 1
+        token = _token()
         line, why = b"", f"exited (code {ctx.proc.poll()})"
-        if ctx.send(req["request"]):
-            deadline = time.monotonic() + float(req["wait_seconds"])
-            line, why = ctx.reply(deadline, int(req["max_reply_bytes"]))
+        deadline = time.monotonic() + wait
+        if ctx.send(dict(req["request"], token=token)):
+            try:
+                line, why = ctx.reply(deadline, int(req["max_reply_bytes"]), token, hangup=sock)
+            except ClientLeft:  # nobody waits for this run: interrupt it; the context goes on
+                ctx.interrupt()
+                grace = min(deadline, time.monotonic() + INTERRUPT_GRACE_SECONDS)
+                if not ctx.reply(grace, int(req["max_reply_bytes"]), token)[0]:
+                    CONTEXTS.pop(cid, None)
+                    ctx.close()
+                return
         if not line:  # ended, hung past its own timeout, or flooded its reply: the context is gone
             CONTEXTS.pop(cid, None)
             ctx.close()
             code = "ETIME" if why.startswith("did not answer") else "ESRCH"
             raise Refused(f"the code context's python process {why}: its state is lost", code)
         FrameWriter(sock).write(line)
+    finally:
+        ctx.lock.release()
     sock.sendall(pack_json({"ok": True}))
 
 
@@ -590,7 +842,73 @@ OPS = {
 }
 
 
-def handle(conn: socket.socket, listener: Listener | None = None) -> None:
+class Conn:
+    """An accepted connection. Frames go out whole under a lock the heartbeat shares, so a BEAT
+    never lands inside another frame; the operations use it like the socket it wraps."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+
+    def sendall(self, data: bytes) -> None:
+        with self.lock:
+            self.sock.sendall(data)
+
+    def recv(self, n: int) -> bytes:
+        return self.sock.recv(n)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def beat(self) -> None:
+        """One heartbeat, never blocking: skipped when a frame is being sent (that is news
+        enough) or the socket's buffer is full (the server is not reading: it is not waiting)."""
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            sent = self.sock.send(BEAT_FRAME, socket.MSG_DONTWAIT)
+            if sent < len(BEAT_FRAME):  # a 5-byte send is not split in practice; finish it if it was
+                self.sock.sendall(BEAT_FRAME[sent:])
+        except OSError:
+            pass
+        finally:
+            self.lock.release()
+
+
+class Heartbeat:
+    """One thread beating on every connection being handled (not one thread per connection:
+    the sandbox's pids limit counts threads)."""
+
+    def __init__(self) -> None:
+        self.conns: set[Conn] = set()
+        self.lock = threading.Lock()
+
+    def add(self, conn: Conn) -> None:
+        with self.lock:
+            self.conns.add(conn)
+
+    def discard(self, conn: Conn) -> None:
+        with self.lock:
+            self.conns.discard(conn)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_SECONDS)
+            with self.lock:
+                conns = list(self.conns)
+            for conn in conns:
+                conn.beat()
+
+
+HEARTBEAT = Heartbeat()
+
+
+def handle(sock: socket.socket, listener: Listener | None = None) -> None:
+    conn = Conn(sock)
+    HEARTBEAT.add(conn)
     try:
         _kind, payload = recv_frame(conn)
         req = json.loads(payload)
@@ -615,6 +933,7 @@ def handle(conn: socket.socket, listener: Listener | None = None) -> None:
         except OSError:
             pass
     finally:
+        HEARTBEAT.discard(conn)
         conn.close()
 
 
@@ -659,6 +978,10 @@ def _copy_tree(src: str, dst: str) -> None:
                 os.symlink(os.readlink(s), os.path.join(target, f))
             else:
                 shutil.copy2(s, os.path.join(target, f))
+
+
+# Under gVisor the directory of the agent's listening socket (set by main): never deleted.
+SOCKET_DIR = ""
 
 
 class Listener:
@@ -741,7 +1064,7 @@ class Listener:
             pass
         self.quiescing.clear()
 
-    def quiesce(self, conn: socket.socket) -> None:
+    def quiesce(self, conn: Conn) -> None:
         """Close the listener and let every other connection finish, then say so: the server
         closes this last connection and checkpoints a sandbox with no host socket open."""
         if not self.path:
@@ -765,8 +1088,12 @@ def main() -> None:
     _setup(limits)
     GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
     listener = Listener(sys.argv[1])
+    global SOCKET_DIR
+    SOCKET_DIR = os.path.dirname(os.path.realpath(listener.path)) if listener.path else ""
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
+    os.chdir("/")  # /proc/self/cwd of the agent names the root (the delete guard resolves it)
+    threading.Thread(target=HEARTBEAT.run, name="heartbeat", daemon=True).start()
     listener.serve()
 
 

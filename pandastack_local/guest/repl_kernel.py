@@ -1,35 +1,56 @@
 """A code context's Python session: one long-lived process per context, inside the sandbox.
 
-The agent starts it (``python3 -u /.pandastack/repl_kernel.py CAPS REQ_FD REPLY_FD``: the
-template's python, as the sandbox's user) with a pipe for requests and one for replies; the
-server never talks to it
-directly. Stdlib only (it runs with whatever the template has), imports nothing from
-``pandastack_local``.
+The agent starts it (``python3 -u /.pandastack/repl_kernel.py CAPS FD``: the
+template's python, as the sandbox's user, in a Landlock domain of its own where the kernel has
+Landlock) with one end of a socket pair for requests and replies (a socket, unlike a pipe,
+cannot be opened again through ``/proc/<pid>/fd``); the server never talks to it directly.
+Stdlib only (it runs with whatever the template has), imports nothing from ``pandastack_local``.
 
-One request line ``{"code", "timeout_ms"}`` → one reply line of JSON: ``stdout``, ``stderr``
+The process the agent starts first makes itself non-dumpable (no other process of the sandbox
+can open its ``/proc/<pid>/mem`` or ``fd``) and a child subreaper, then forks: the parent stays
+the context's *supervisor* (it reaps every orphan of the context, and when the kernel exits it
+kills what is left and exits with the kernel's status), the child is the kernel proper, in a
+nested Landlock domain that cannot signal outside itself (so code in it can neither kill its
+supervisor nor stop the agent). So everything the context starts stays below the supervisor,
+whatever it does to its session, and the agent's ``close()`` kills it all.
+
+The first request line is ``{"hello": TOKEN}``, answered ``{"token": TOKEN, "ready": true,
+"pid": KERNEL}``. Then one request line ``{"code", "timeout_ms", "token"}`` → one reply line of
+JSON, ``token`` first (the agent takes no line without it): ``stdout``, ``stderr``
 (captured at the file-descriptor level, so a subprocess's output is caught too), ``exit``,
 ``results`` (the last expression's text/HTML repr, and one ``image/png`` per figure that
 ``plt.show()`` showed), ``error`` (the formatted traceback) and ``exception`` (name, value,
 traceback), or ``timeout``. Every part is capped here by the numbers the server sends (CAPS);
-the server checks them again, since code in the session can write to the reply pipe itself.
+the server checks them again, since code in the session can write to its channel itself.
 """
 
 from __future__ import annotations
 
-import ast
-import base64
-import builtins
-import io
-import json
+import ctypes
 import os
-import signal
-import sys
-import tempfile
-import traceback
-import types
-from typing import Any
+
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 36, 38
+_libc = ctypes.CDLL(None, use_errno=True)
+# First of all, before anything reads a request: no other process of the sandbox (another
+# context's code) may read or write this one's memory or descriptors through /proc.
+_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+import ast  # noqa: E402  (after the prctl on purpose)
+import base64  # noqa: E402
+import builtins  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
+from typing import Any  # noqa: E402
 
 BACKEND = "pandastack_repl_backend"
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_RESTRICT_SELF = 444, 446
+LANDLOCK_ACCESS_FS_MAKE_BLOCK, LANDLOCK_SCOPE_SIGNAL = 1 << 11, 1 << 1
 
 
 class CellTimeout(BaseException):
@@ -105,8 +126,12 @@ def install_backend() -> None:
     os.environ["MPLBACKEND"] = f"module://{BACKEND}"
 
 
+RUNNING = False  # a cell is running: the alarm (its timeout, or the agent's interrupt) stops it
+
+
 def on_alarm(signum: int, frame: Any) -> None:
-    raise CellTimeout
+    if RUNNING:
+        raise CellTimeout
 
 
 def read_capped(f: Any, cap: int, name: str) -> str:
@@ -164,12 +189,15 @@ def cell_reply(request: dict[str, Any], namespace: dict[str, Any], caps: dict[st
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         timeout = max(int(request.get("timeout_ms") or 0), 1) / 1000
+        global RUNNING
         try:
+            RUNNING = True
             signal.setitimer(signal.ITIMER_REAL, timeout)
             try:
                 reply = run(str(request.get("code", "")), namespace, cell)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+                RUNNING = False
         except CellTimeout:  # the alarm fired after the cell ended, before it was disarmed
             reply = {"exit": 0}
         finally:
@@ -194,25 +222,114 @@ def cell_reply(request: dict[str, Any], namespace: dict[str, Any], caps: dict[st
     return reply
 
 
+def nested_domain() -> None:
+    """Enter a Landlock domain below the one the agent gave the context, scoped for signals: code
+    here cannot signal the supervisor, the agent or other contexts. Nothing where the kernel has
+    no Landlock (gVisor), or no signal scoping (before Linux 6.12)."""
+    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 6:
+        return
+    attr = (ctypes.c_uint64 * 3)(LANDLOCK_ACCESS_FS_MAKE_BLOCK, 0, LANDLOCK_SCOPE_SIGNAL)
+    fd = _libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), ctypes.c_uint32(0)
+    )
+    if fd < 0:
+        return
+    try:
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+            _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, fd, 0)
+    finally:
+        os.close(fd)
+
+
+def kill_all_below(root: int) -> None:
+    """SIGKILL every process below ``root`` (the supervisor: everything the context started)."""
+    for _ in range(100):
+        children: dict[int, list[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            children.setdefault(int(data[data.rfind(b")") + 2 :].split()[1]), []).append(int(name))
+        below, todo = [], [root]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                below.append(child)
+                todo.append(child)
+        if not below:
+            return
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+
+def supervise(kernel: int) -> None:
+    """The supervisor's life: reap every child (the kernel, and each orphan of the context that
+    the kernel's being a subreaper's child brings here); when the kernel exits, kill and reap what
+    is left and exit as the kernel did."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+        if pid != kernel:
+            continue
+        kill_all_below(os.getpid())
+        if os.WIFSIGNALED(status):  # die of the same signal, so the agent reports the same code
+            sig = os.WTERMSIG(status)
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):  # SIGKILL keeps its default anyway
+                pass
+            os.kill(os.getpid(), sig)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
 def main() -> None:
     caps = {k: int(v) for k, v in json.loads(sys.argv[1]).items()}
+    fd = int(sys.argv[2])
+    os.set_inheritable(fd, False)  # the kernel's alone: a subprocess of the cell does not inherit it
     try:
         with open("/proc/self/oom_score_adj", "w") as f:  # first in line for the OOM killer, as execs
             f.write("1000")
     except OSError:
         pass
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    kernel = os.fork()
+    if kernel:
+        os.close(fd)  # the agent sees EOF on the replies the moment the kernel is gone
+        supervise(kernel)
+    nested_domain()
     install_backend()
     signal.signal(signal.SIGALRM, on_alarm)
     user_main = types.ModuleType("__main__")
     user_main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = user_main  # the session's globals (pickling a class defined in a cell)
-    requests = os.fdopen(int(sys.argv[2]), "rb")
-    replies = os.fdopen(int(sys.argv[3]), "wb")
-    replies.write(b'{"ready": true}\n')
-    replies.flush()
+    chan = socket.socket(fileno=fd)
+    requests = chan.makefile("rb")
+    replies = chan.makefile("wb")
     for line in requests:
-        reply = cell_reply(json.loads(line), user_main.__dict__, caps)
-        replies.write(json.dumps(reply).encode() + b"\n")
+        request = json.loads(line)
+        if "hello" in request:
+            reply: dict[str, Any] = {"ready": True, "pid": os.getpid()}
+            token = str(request["hello"])
+        else:
+            token = str(request.get("token", ""))
+            reply = cell_reply(request, user_main.__dict__, caps)
+        replies.write(json.dumps({"token": token, **reply}).encode() + b"\n")
         replies.flush()
 
 

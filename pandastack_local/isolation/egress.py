@@ -164,6 +164,8 @@ def _listen_in_netns(pid: int, rules: tuple[EgressRule, ...]) -> list[socket.soc
 class _Attached:
     servers: list[asyncio.Server] = field(default_factory=list)
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    # Connections being relayed now (counted from their accept, before the upstream connect).
+    relayed: int = 0
 
 
 class EgressRelay:
@@ -226,9 +228,11 @@ class EgressRelay:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        if len(entry.writers) >= 2 * MAX_CONNECTIONS_PER_SANDBOX:
+        if entry.relayed >= MAX_CONNECTIONS_PER_SANDBOX:  # the documented cap: refused at once
+            log.info("egress %s: refused, %d connections already relayed", rule, entry.relayed)
             writer.close()
             return
+        entry.relayed += 1
         entry.writers.add(writer)
         writers = [writer]
         try:
@@ -241,6 +245,7 @@ class EgressRelay:
         except (OSError, asyncio.TimeoutError) as exc:
             log.info("egress %s: %s", rule, exc)
         finally:
+            entry.relayed -= 1
             for w in writers:
                 entry.writers.discard(w)
                 w.close()

@@ -26,9 +26,12 @@ def sb(local_server: LocalServer) -> Iterator[Any]:
 
 
 def kernels(sb: Any) -> list[str]:
-    """The code contexts' python processes in the sandbox."""
-    ps = sb.exec("ps -eo pid=,args=").stdout.splitlines()
-    return [line for line in ps if "repl_kernel.py" in line]
+    """The code contexts' python processes in the sandbox, one per context: each context is a
+    supervisor running ``repl_kernel.py`` with its kernel (the same program) as its child, so the
+    count is of the ``repl_kernel.py`` processes whose parent is not one (a stray kernel counts)."""
+    rows = [line.split(None, 2) for line in sb.exec("ps -eo pid=,ppid=,args=").stdout.splitlines()]
+    repl = {row[0] for row in rows if len(row) == 3 and "repl_kernel.py" in row[2]}
+    return [" ".join(row) for row in rows if row[0] in repl and row[1] not in repl]
 
 
 def test_variables_persist_and_streams_come_apart(sb: Any) -> None:
@@ -128,17 +131,22 @@ def test_output_is_capped_per_run(sb: Any) -> None:
 
 
 def test_a_forged_reply_is_checked_and_a_flood_ends_the_context(sb: Any) -> None:
-    """Code in the context can write to the reply pipe itself: the server keeps only known fields
-    of known types, and never reads more than MAX_REPL_REPLY_BYTES."""
+    """Code in the context can write to its channel to the agent itself (and, in its own memory,
+    find the run's token that a reply must carry): the server keeps only known fields of known
+    types, and never reads more than MAX_REPL_REPLY_BYTES."""
     forge = (
         "import os, sys\n"
-        'os.write(int(sys.argv[3]), b\'{"stdout": 5, "exit": "no", "results": '
+        "f = sys._getframe()\n"
+        "while 'request' not in f.f_locals:\n"
+        "    f = f.f_back\n"
+        "token = f.f_locals['request']['token'].encode()\n"
+        'os.write(int(sys.argv[2]), b\'{"token": "\' + token + b\'", "stdout": 5, "exit": "no", "results": '
         '[{"type": "text/x-evil", "data": "x"}, {"text/plain": "ok", "evil": "y"}]}\\n\')'
     )
     with sb.create_code_context() as ctx:
         ex = ctx.run_code(forge)
         assert (ex.stdout, ex.exit_code, [r.data for r in ex.results]) == ("", 1, [{"text/plain": "ok"}])
-    flood = f"import os, sys\nos.write(int(sys.argv[3]), b'x' * {MAX_REPL_REPLY_BYTES + (1 << 20)})"
+    flood = f"import os, sys\nos.write(int(sys.argv[2]), b'x' * {MAX_REPL_REPLY_BYTES + (1 << 20)})"
     ctx = sb.create_code_context()
     with pytest.raises(pandastack.ServerError, match=r"over the \d+-byte cap and was killed"):
         ctx.run_code(flood)

@@ -10,6 +10,8 @@ types and sizes are passed on (``limits.py``: MAX_REPL_*).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
@@ -34,8 +36,8 @@ from pandastack_local.limits import (
 )
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager, rfc3339
 
-from .deps import Manager, SandboxDep, int_field, json_body
-from .exec import exec_slot
+from .deps import Manager, SandboxDep, check_text, int_field, json_body
+from .exec import CLIENT_CLOSED, client_gone, exec_slot
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/repl/sessions")
 
@@ -58,15 +60,23 @@ RESULT_TYPES = {
 NOTE_ROOM = 512
 
 
-async def agent_call(manager: SandboxManager, sb: Sandbox, request: dict[str, Any]) -> dict[str, Any]:
+# How long past its own wait (a run's timeout and kill grace, a start's) a request may take.
+AGENT_SLACK_SECONDS = 15.0
+
+
+async def agent_call(
+    manager: SandboxManager,
+    sb: Sandbox,
+    request: dict[str, Any],
+    seconds: float | None = agent_client.OP_SECONDS,
+) -> dict[str, Any]:
     """One code-context request to the sandbox's agent; its refusals become JSON errors."""
     try:
-        return await agent_client.call(sb.process.socket_path, request)
+        return await agent_client.call(sb.process.socket_path, request, manager.watch(sb), seconds)
     except agent_client.AgentError as exc:
         raise context_error(sb, request, exc) from exc
-    except agent_client.AgentUnavailable:
-        await manager.agent_lost(sb)
-        raise
+    except agent_client.AgentUnavailable as exc:
+        raise await manager.agent_lost(sb, exc) from exc
 
 
 def context_error(sb: Sandbox, request: dict[str, Any], exc: agent_client.AgentError) -> ApiError:
@@ -75,6 +85,8 @@ def context_error(sb: Sandbox, request: dict[str, Any], exc: agent_client.AgentE
         return not_found(sb, cid)
     if exc.errno == "EMLINK":
         return ApiError(429, f"{exc} (at most {MAX_CODE_CONTEXTS} per sandbox)")
+    if exc.errno == "EBUSY":  # another run of the same context holds it
+        return ApiError(409, f"code context {cid}: {exc}")
     if exc.errno == "ETIME":  # "timeout" in the message: the SDK raises SandboxTimeout, as for the real 500
         seconds = request["request"]["timeout_ms"] / 1000
         return ApiError(500, f"cell timeout after {seconds:g}s, and {exc}; create a new context")
@@ -106,6 +118,7 @@ async def create_context(request: Request, manager: Manager, sb: SandboxDep) -> 
                 "max_contexts": MAX_CODE_CONTEXTS,
                 "start_seconds": REPL_START_SECONDS,
             },
+            REPL_START_SECONDS + AGENT_SLACK_SECONDS,
         )
     sb.log(f"code context {cid} opened")
     return JSONResponse(
@@ -145,6 +158,7 @@ async def run_code(context_id: str, request: Request, manager: Manager, sb: Sand
     code = body.get("code")
     if not isinstance(code, str) or not code:
         raise ApiError(400, 'code required: give the Python source to run as "code" (a non-empty string)')
+    check_text(code, "code")
     if not CONTEXT_ID.fullmatch(context_id):
         raise not_found(sb, context_id)
     manager.running(sb.id)
@@ -157,7 +171,19 @@ async def run_code(context_id: str, request: Request, manager: Manager, sb: Sand
     }
     started = time.monotonic()
     with exec_slot(sb), manager.activity(sb):
-        raw = await read_reply(manager, sb, req)
+        reading = asyncio.ensure_future(read_reply(manager, sb, req))
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait({reading, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not reading.done():  # closing the agent's connection interrupts the cell
+                sb.log(f"code context {context_id}: client disconnected: run interrupted")
+                return JSONResponse({"error": "client disconnected"}, status_code=CLIENT_CLOSED)
+            raw = reading.result()
+        finally:
+            for task in (reading, gone):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
     reply = checked(raw)
     if reply.pop("timeout"):
         sb.log(f"code context {context_id}: cell timeout after {timeout_ms} ms")
@@ -171,7 +197,11 @@ async def run_code(context_id: str, request: Request, manager: Manager, sb: Sand
 
 async def read_reply(manager: SandboxManager, sb: Sandbox, req: dict[str, Any]) -> Any:
     """The kernel's reply line: at most MAX_REPL_REPLY_BYTES, parsed as JSON and nothing else."""
-    conn = await agent_client.Connection.open(sb.process.socket_path, req)
+    seconds = req["wait_seconds"] + AGENT_SLACK_SECONDS
+    try:
+        conn = await agent_client.Connection.open(sb.process.socket_path, req, manager.watch(sb), seconds)
+    except agent_client.AgentUnavailable as exc:
+        raise await manager.agent_lost(sb, exc) from exc
     data = bytearray()
     try:
         async for kind, payload in conn.frames():
@@ -181,9 +211,8 @@ async def read_reply(manager: SandboxManager, sb: Sandbox, req: dict[str, Any]) 
                     raise ApiError(500, f"code context {req['id']}: reply over {MAX_REPL_REPLY_BYTES} bytes")
             elif "error" in payload:
                 raise context_error(sb, req, agent_client.AgentError(payload))
-    except agent_client.AgentUnavailable:
-        await manager.agent_lost(sb)
-        raise
+    except agent_client.AgentUnavailable as exc:
+        raise await manager.agent_lost(sb, exc) from exc
     finally:
         conn.close()
     try:

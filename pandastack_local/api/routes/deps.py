@@ -66,6 +66,21 @@ def int_field(
     return value
 
 
+def check_text(value: str, field: str) -> str:
+    """A client's string as the server can store, log and send back: valid Unicode. JSON lets a
+    body carry a lone surrogate (``"x\\ud800"``), which has no UTF-8: refused here, with the
+    field's name, before anything is made (it used to become a 500 after the sandbox existed)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            400,
+            f"{field} must be valid Unicode text: it holds a lone surrogate "
+            f"(U+{ord(value[exc.start]):04X}) at character {exc.start}",
+        ) from None
+    return value
+
+
 # Dependencies are async on purpose: sync ones would run in a worker thread, and the
 # manager is only ever touched from the event-loop thread.
 async def get_manager(request: Request) -> SandboxManager:

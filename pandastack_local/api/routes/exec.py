@@ -32,7 +32,7 @@ from pandastack_local.limits import (
 )
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
 
-from .deps import Manager, SandboxDep, int_field, json_body
+from .deps import Manager, SandboxDep, check_text, int_field, json_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")
 
@@ -60,11 +60,19 @@ async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -
     return {"op": "exec", "cmd": cmd, "timeout_seconds": timeout}
 
 
+def exec_seconds(timeout: int) -> float | None:
+    """An exec's deadline at the server: its timeout plus slack (the agent kills the tree at the
+    timeout and answers); none without a timeout (it ends with its client, or its agent)."""
+    return timeout + agent_client.EXEC_SLACK_SECONDS if timeout > 0 else None
+
+
 def check_command(cmd: str, field: str) -> None:
-    """Refuse what no shell could be given: NUL bytes, or one argument past the kernel's limit."""
+    """Refuse what no shell could be given: NUL bytes, a lone surrogate (no UTF-8 for it), or one
+    argument past the kernel's limit."""
     if "\x00" in cmd:
         raise ApiError(400, f"{field} must not contain NUL bytes")
-    size = len(cmd.encode("utf-8", "surrogatepass"))
+    check_text(cmd, field)
+    size = len(cmd.encode("utf-8"))
     if size >= MAX_COMMAND_BYTES:
         raise ApiError(
             400,
@@ -170,7 +178,12 @@ async def run_capped(
     first (closing the connection makes the agent kill the process tree)."""
     out = {STDOUT: CappedOutput("stdout"), STDERR: CappedOutput("stderr")}
     with exec_slot(sb), manager.activity(sb):
-        conn = await agent_client.Connection.open(sb.process.socket_path, req)
+        try:
+            conn = await agent_client.Connection.open(
+                sb.process.socket_path, req, manager.watch(sb), exec_seconds(req["timeout_seconds"])
+            )
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
         reading = asyncio.ensure_future(read_exec(conn, out))
         gone = asyncio.ensure_future(client_gone(request))
         try:
@@ -179,9 +192,8 @@ async def run_capped(
                 sb.log("client disconnected: exec ended")
                 return None
             final = reading.result()
-        except agent_client.AgentUnavailable:
-            await manager.agent_lost(sb)
-            raise
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
         finally:
             for task in (reading, gone):
                 task.cancel()
@@ -192,8 +204,9 @@ async def run_capped(
     if stdout or stderr:
         sb.log((stdout + stderr)[:LOG_OUTPUT_CHARS])
     if "error" in final:
-        sb.log(f"error: {final['error']}")
-        raise ApiError(500, str(final["error"]))
+        message = agent_client.clean_text(final["error"])
+        sb.log(f"error: {message}")
+        raise ApiError(500, message)
     sb.log(f"exit {final.get('exit_code')}")
     code = int(final.get("exit_code", -1))
     return ExecResult(code, stdout, stderr, out[STDOUT].dropped, out[STDERR].dropped)
@@ -221,7 +234,12 @@ async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> Str
     req = await exec_request(request, manager, sb)
     with contextlib.ExitStack() as stack:
         stack.enter_context(exec_slot(sb))
-        conn = await agent_client.Connection.open(sb.process.socket_path, req)
+        try:
+            conn = await agent_client.Connection.open(
+                sb.process.socket_path, req, manager.watch(sb), exec_seconds(req["timeout_seconds"])
+            )
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
         stack.callback(conn.close)
         release = stack.pop_all()
 
@@ -241,14 +259,14 @@ async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> Str
                             if tail:
                                 yield sse(names[k], {"chunk": tail})
                         if "error" in payload:
-                            sb.log(f"error: {payload['error']}")
-                            yield sse("error", {"error": str(payload["error"])})
+                            message = agent_client.clean_text(payload["error"])
+                            sb.log(f"error: {message}")
+                            yield sse("error", {"error": message})
                         else:
                             sb.log(f"exit {payload.get('exit_code')}")
                             yield sse("exit", {"exit_code": int(payload.get("exit_code", -1))})
             except agent_client.AgentUnavailable as exc:
-                await manager.agent_lost(sb)
-                yield sse("error", {"error": str(exc)})
+                yield sse("error", {"error": (await manager.agent_lost(sb, exc)).message})
             finally:
                 conn.close()
 

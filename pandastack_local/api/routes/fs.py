@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from pandastack_local import agent_client
-from pandastack_local.guest.agent import NOT_REGULAR, TOO_BIG
+from pandastack_local.guest.agent import IS_ROOT, NOT_REGULAR, TOO_BIG
 from pandastack_local.limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
 
@@ -20,60 +20,113 @@ from .deps import GuestDirPath, GuestPath, Manager, SandboxDep, read_body
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}/fs")
 
 
+# The OS refused the path (errno names from the agent): the client's request, not the server, is
+# at fault, so a 4xx that names the path and the OS's reason. Missing paths keep the real server's
+# 500 (404 for fs/stat): docs/local-server.md lists that difference.
+FORBIDDEN = {"EACCES", "EPERM", "EROFS"}
+CONFLICT = {"EEXIST", "ENOTEMPTY", "EBUSY", "ETXTBSY"}
+NO_ROOM = {"ENOSPC", "EDQUOT"}
+# The agent's own trouble (out of descriptors or memory), not the path's: still a 500.
+AGENT_TROUBLE = {"EMFILE", "ENFILE", "ENOMEM", "EAGAIN", "EINTR", ""}
+
+
 def fs_error(exc: agent_client.AgentError, *, missing_status: int = 500) -> ApiError:
-    if exc.errno == "ENOENT":
+    code = exc.errno
+    if code == "ENOENT":
         return ApiError(missing_status, "file does not exist" if missing_status == 404 else str(exc))
-    if exc.errno == "ENOSPC":
+    if code in NO_ROOM:
         return ApiError(507, str(exc))
-    if exc.errno == "EBUSY":  # a mount point (gVisor's /tmp and /work): the path's fault
+    if code == "EBUSY":  # a mount point (gVisor's /tmp and /work): the path's fault
         return ApiError(409, f"{exc} (a mount point cannot be removed)")
-    if exc.errno in (NOT_REGULAR, TOO_BIG):  # the file's fault (a FIFO, a device, over the cap)
+    if code in CONFLICT:
+        return ApiError(409, str(exc))
+    if code in FORBIDDEN:
+        return ApiError(403, str(exc))
+    if code in (NOT_REGULAR, TOO_BIG, IS_ROOT):  # the file's fault (a FIFO, a device, over the cap, /)
         return ApiError(400, str(exc))
-    return ApiError(500, str(exc))
+    if code in AGENT_TROUBLE:
+        return ApiError(500, str(exc))
+    return ApiError(400, str(exc))  # ENOTDIR, EISDIR, EIO, ELOOP, ENAMETOOLONG, EINVAL, ...
 
 
 async def agent_fs(
-    manager: SandboxManager, sb: Sandbox, call: Callable[[Path], Awaitable[Any]], *, missing_status: int = 500
+    manager: SandboxManager,
+    sb: Sandbox,
+    call: Callable[[Path, agent_client.Watch], Awaitable[Any]],
+    *,
+    missing_status: int = 500,
 ) -> Any:
     """One file operation by the sandbox's agent: running check, activity, errors mapped."""
     manager.running(sb.id)
     with manager.activity(sb):
         try:
-            return await call(sb.process.socket_path)
+            return await call(sb.process.socket_path, manager.watch(sb))
         except agent_client.AgentError as exc:
             raise fs_error(exc, missing_status=missing_status) from exc
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
+
+
+def entry(raw: Any) -> dict[str, Any]:
+    """One listing entry from the sandbox, as the server passes it on: the known fields of the
+    known types (an agent's answer is guest-controlled data), names valid UTF-8."""
+    if not isinstance(raw, dict):
+        raise ApiError(500, "sandbox agent sent a listing entry that is not an object")
+
+    def number(key: str) -> int:
+        value = raw.get(key, 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    mode = raw.get("mode")
+    return {
+        "name": agent_client.clean_text(raw.get("name", "")),
+        "is_dir": raw.get("is_dir") is True,
+        "size": number("size"),
+        "mode": mode if isinstance(mode, str) and len(mode) == 1 else "U",
+        "mtime": number("mtime"),
+    }
 
 
 @router.get("")
 async def fs_read(manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
-    data = await agent_fs(manager, sb, lambda sock: agent_client.read_file(sock, path, FILE_READ_CAP_BYTES))
+    data = await agent_fs(
+        manager, sb, lambda sock, watch: agent_client.read_file(sock, path, FILE_READ_CAP_BYTES, watch)
+    )
     return Response(data, media_type="application/octet-stream")
 
 
 @router.put("")
 async def fs_write(request: Request, manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
     body = await read_body(request, MAX_FILE_BODY_BYTES)
-    result = await agent_fs(manager, sb, lambda sock: agent_client.write_file(sock, path, body))
+    result = await agent_fs(manager, sb, lambda sock, watch: agent_client.write_file(sock, path, body, watch))
     return JSONResponse({"path": path, "bytes": int(result.get("bytes", len(body)))})
 
 
 @router.get("/dir")
 async def fs_list(manager: Manager, sb: SandboxDep, path: GuestDirPath) -> JSONResponse:
-    result = await agent_fs(manager, sb, lambda sock: agent_client.call(sock, {"op": "list", "path": path}))
-    return JSONResponse({"path": path, "entries": result["entries"]})
+    entries = await agent_fs(
+        manager, sb, lambda sock, watch: agent_client.list_dir(sock, path, FILE_READ_CAP_BYTES, watch)
+    )
+    return JSONResponse({"path": path, "entries": [entry(e) for e in entries]})
 
 
 @router.get("/stat")
 async def fs_stat(manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
     result = await agent_fs(
-        manager, sb, lambda sock: agent_client.call(sock, {"op": "stat", "path": path}), missing_status=404
+        manager,
+        sb,
+        lambda sock, watch: agent_client.call(sock, {"op": "stat", "path": path}, watch),
+        missing_status=404,
     )
-    return JSONResponse(result["entry"])
+    return JSONResponse(entry(result.get("entry")))
 
 
 @router.delete("")
 async def fs_delete(manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
     if all(part in ("", ".") for part in path.split("/")):  # "/", "//", "/.", "/./"
         raise ApiError(400, f"path {path!r} is the sandbox's root: refusing to delete /")
-    await agent_fs(manager, sb, lambda sock: agent_client.call(sock, {"op": "delete", "path": path}))
+    # The agent refuses every other spelling of the root, on the path as it resolves inside.
+    await agent_fs(
+        manager, sb, lambda sock, watch: agent_client.call(sock, {"op": "delete", "path": path}, watch)
+    )
     return Response(status_code=204)

@@ -9,7 +9,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from pandastack_local.manager import ApiError, Sandbox, SandboxManager, rfc3339
+from pandastack_local.manager import MAX_FORK_COUNT, ApiError, Sandbox, SandboxManager, rfc3339
 
 from .deps import Manager, SandboxDep, int_field, json_body
 
@@ -62,10 +62,13 @@ async def fork_children(
     request: Request, manager: SandboxManager, parent: Sandbox, default_count: int
 ) -> list[Sandbox]:
     body = await json_body(request, required=False)
-    count = int_field(body, "count", default_count) or default_count
-    if parent.status != "running" or not parent.process.alive():
+    count = int_field(body, "count", default_count)
+    if count is None or not 1 <= count <= MAX_FORK_COUNT:  # 0 is no fork, not the default one
+        raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}: got {count}")
+    if parent.status != "running" or not parent.process.alive() or parent.ended:
         raise ApiError(500, "parent sandbox not found or not running")
-    with manager.activity(parent):
+    # Held: a fork waits on the server (children starting, a checkpoint), each step with a deadline.
+    with manager.activity(parent, hold=True):
         return await manager.fork(parent, count)
 
 

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pandastack_local.manager import DEFAULT_TTL_SECONDS, ApiError
 
-from .deps import Manager, SandboxDep, int_field, json_body
+from .deps import Manager, SandboxDep, check_text, int_field, json_body
 from .templates import DEFAULT_TEMPLATE, template_name
 from .unsupported import refuse_create_fields
 
@@ -23,6 +23,9 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise ApiError(400, "metadata must be a map of string to string")
+    for key, value in metadata.items():
+        check_text(key, "metadata key")
+        check_text(value, f"metadata[{key!r}]")
     ttl = int_field(body, "ttl_seconds", minimum=0)
     persistent = body.get("persistent") or False
     if not isinstance(persistent, bool):
