@@ -1,0 +1,186 @@
+"""Issue 23, crossings 1-6: under gVisor a sandbox's socket directory was a host directory bound
+read-write into the guest, and the server (host root) worked on it by path. Each test attacks
+that directory through the real SDK, as a job would, and also plants on the host what an escaped
+guest could write there. Under bwrap the guest has no host directory at all: the same attacks
+run and each test states what bwrap's outcome is (nothing is skipped).
+
+Every test restores what it touched on the host: planted targets are files under ``tmp_path``,
+and a tree a wall fails to delete is removed by the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pandastack_local import LocalServer
+from pandastack_local.isolation.gvisor.backend import GUEST_SOCKET_DIR
+from tests.security.conftest import SMALL
+from tests.support.server import GVISOR, write_template
+
+MiB = 1024 * 1024
+DEEP = 3000
+
+DEEP_TREE = r"""
+import errno, json, os, sys
+depth, out = int(sys.argv[1]), {}
+for base in sys.argv[2:]:
+    made, error = 0, ""
+    try:
+        os.makedirs(base, exist_ok=True)
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(depth):
+                os.mkdir("d", dir_fd=fd)
+                nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd, made = nxt, made + 1
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        error = errno.errorcode.get(exc.errno, str(exc.errno))
+    out[base] = {"depth": made, "error": error}
+print(json.dumps(out))
+"""
+
+
+def _host_dir(server: LocalServer, sandbox_id: str) -> Path:
+    return server.state_dir / "sandboxes" / sandbox_id
+
+
+def _guest_writable_host_dir(server: LocalServer, sandbox_id: str) -> Path:
+    """The host directory an escaped guest could write: the socket dir under gVisor (bound into
+    the guest); under bwrap no host dir is bound writable, so the sandbox's own host dir stands in."""
+    directory = _host_dir(server, sandbox_id)
+    return directory / "s" if GVISOR else directory
+
+
+def plant_deep_tree(parent: Path, depth: int, outside: Path) -> None:
+    """``depth`` nested directories under ``parent`` (by fd: the path is past PATH_MAX), with a
+    symlink at the bottom to ``outside`` (a host directory deletion must never enter)."""
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.symlink(str(outside), "outside", dir_fd=fd)
+        with contextlib.suppress(OSError):
+            os.symlink(str(outside), "outside-dir", target_is_directory=True, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def remove_leftover_tree(path: Path) -> None:
+    """The test's own cleanup of a tree a failing wall left: bottom-up by fd, no recursion."""
+    if not path.exists():
+        return
+    fds = [os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)]
+    names: list[str] = []
+    try:
+        while fds:
+            sub = None
+            for entry in os.scandir(fds[-1]):
+                if entry.is_dir(follow_symlinks=False):
+                    sub = entry.name
+                    break
+                os.unlink(entry.name, dir_fd=fds[-1])
+            if sub is not None:
+                fds.append(os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+                names.append(sub)
+                continue
+            os.close(fds.pop())
+            if names:
+                os.rmdir(names.pop(), dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    os.rmdir(path)
+
+
+def _nothing_left(server: LocalServer, sandbox_id: str, timeout: float = 10.0) -> list[str]:
+    """What of the sandbox is still in the server's state dir once deletion had ``timeout`` to end
+    (trees too big to delete inline are finished in the background, in ``reaped/``)."""
+    reaped = server.state_dir / "reaped"
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [str(p) for p in (_host_dir(server, sandbox_id),) if os.path.lexists(p)]
+        if reaped.is_dir():
+            left += [str(p) for p in reaped.iterdir()]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+# ---- 2. deep trees: delete and restart ---------------------------------------------------------
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A host directory with a canary file: a symlink at the bottom of each planted tree points here."""
+    directory = tmp_path / "outside"
+    directory.mkdir()
+    (directory / "canary").write_text("still here\n")
+    return directory
+
+
+@pytest.fixture
+def tree_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    """A private server (it is crashed and restarted) with the small template, no pool."""
+    base = tmp_path_factory.mktemp("deep-tree-templates")
+    small = str(write_template(base / "small", **SMALL))
+    server = LocalServer(template_dirs=[small], pool_size=0)
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+def _deep_trees(
+    server: LocalServer, sb: Any, outside: Path, run_script: Callable[..., dict[str, Any]]
+) -> dict[str, Any]:
+    """A 3,000-level tree everywhere the job can write (the socket dir under gVisor, its own
+    scratch dirs) and one on the host where an escaped guest could write; the job's report."""
+    report = run_script(
+        sb, DEEP_TREE, DEEP, f"{GUEST_SOCKET_DIR}/tree", "/tmp/tree", "/work/tree", timeout=120
+    )
+    plant_deep_tree(_guest_writable_host_dir(server, sb.id), DEEP, outside)
+    return report
+
+
+def test_a_deep_tree_is_deleted_and_a_restart_starts(
+    tree_server: LocalServer, outside: Path, run_script: Callable[..., dict[str, Any]]
+) -> None:
+    """Old gVisor: DELETE was a 500 (shutil.rmtree's recursion), the tree stayed, and a server
+    restarted on the state dir exited with "Application startup failed"."""
+    client = tree_server.client()
+    deleted = client.sandboxes.create(template="small")
+    crashed = client.sandboxes.create(template="small")
+    try:
+        reports = [_deep_trees(tree_server, sb, outside, run_script) for sb in (deleted, crashed)]
+        started = time.monotonic()
+        client.sandboxes.delete(deleted.id)  # a 500 raises
+        assert time.monotonic() - started < 10
+        assert _nothing_left(tree_server, deleted.id) == []
+        # A crash with the other tree still there: the server starts again on that state dir,
+        # and the tree goes (in the background: it never holds the start up).
+        tree_server.restart()
+        assert _nothing_left(tree_server, crashed.id) == []
+        assert client.sandboxes.list() == []
+        with client.sandboxes.create(template="small") as fresh:
+            assert fresh.exec("echo back").stdout == "back\n"
+        assert (outside / "canary").read_text() == "still here\n", "deletion followed a symlink"
+        for report in reports:
+            for scratch in ("/tmp/tree", "/work/tree"):
+                assert report[scratch] == {"depth": DEEP, "error": ""}, report
+            # (gVisor: the socket dir is still the job's to write; bwrap: its own tmpfs root)
+            assert report[f"{GUEST_SOCKET_DIR}/tree"] == {"depth": DEEP, "error": ""}, report
+    finally:
+        for sb in (deleted, crashed):
+            remove_leftover_tree(_host_dir(tree_server, sb.id))
+        remove_leftover_tree(tree_server.state_dir / "reaped")
