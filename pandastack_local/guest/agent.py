@@ -44,10 +44,8 @@ TAR_OVERHEAD_BYTES = 1024 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
-# Checkpointing (gVisor fork): how long the agent waits for other requests to finish, and the
-# file the server creates beside the socket when the agent may listen again.
+# Checkpointing (gVisor fork): how long the agent waits for other requests to finish.
 QUIESCE_WAIT_SECONDS = 5.0
-RESUME_FILE = "resume"
 # Every exec runs first in line for the kernel's OOM killer, so a job that fills its sandbox's
 # memory (even with tmpfs pages, which are in no process's RSS) is killed (exit 137), not the agent.
 OOM_FIRST = "echo 1000 >/proc/self/oom_score_adj 2>/dev/null; "
@@ -666,11 +664,15 @@ class Listener:
 
     bwrap hands the agent a listening fd. Under gVisor the agent binds a path in a directory
     bound from the host (``runsc --host-uds=create``) and can give it up for a checkpoint: a
-    host socket open in the sandbox would make the image unrestorable (see ``quiesce``).
+    host socket open in the sandbox would make the image unrestorable (see ``quiesce``). The
+    server says when to listen again through the agent's stdin, a pipe only the server writes
+    (runsc hands a restored sandbox the new stdin), never through a path in that directory.
     """
 
     def __init__(self, spec: str) -> None:
         self.path = "" if spec.isdigit() else spec
+        # The server's go-ahead after a checkpoint (a dup: main points fd 0 at /dev/null).
+        self.resume_fd = os.dup(0) if self.path else -1
         self.sock = socket.socket(fileno=int(spec)) if not self.path else self._bind()
         self.sock.set_inheritable(False)
         self.wake_r, self.wake_w = os.pipe()
@@ -700,6 +702,7 @@ class Listener:
             if self.quiescing.is_set():
                 sel.unregister(self.sock)
                 self.sock.close()
+                self._drain_resume()  # a go-ahead from before this quiesce does not count
                 self.closed.set()
                 self._await_resume()
                 self.sock = self._bind()
@@ -728,12 +731,16 @@ class Listener:
         with self.lock:
             self.open_conns -= 1
 
+    def _drain_resume(self) -> None:
+        while select.select([self.resume_fd], [], [], 0)[0]:
+            if not os.read(self.resume_fd, 64):
+                os._exit(0)  # the server closed it: it has gone, and so does the sandbox
+
     def _await_resume(self) -> None:
-        """Wait for the server's go-ahead (a file beside the socket) before listening again:
-        in the checkpointed parent once its image is written, in a restored child at once."""
-        go = os.path.join(os.path.dirname(self.path), RESUME_FILE)
-        while not os.path.exists(go):
-            time.sleep(0.002)
+        """Wait for the server's go-ahead (a byte on the resume pipe) before listening again: in
+        the checkpointed parent once its image is written, in a restored child at once."""
+        if not os.read(self.resume_fd, 64):
+            os._exit(0)
         try:
             while os.read(self.wake_r, 64):
                 pass

@@ -68,11 +68,16 @@ def disk_split(disk_bytes: int) -> tuple[int, int]:
 
 
 def launch(
-    argv: list[str], procs_files: list[Path], pass_fds: tuple[int, ...] = (), pdeathsig: bool = False
+    argv: list[str],
+    procs_files: list[Path],
+    pass_fds: tuple[int, ...] = (),
+    pdeathsig: bool = False,
+    stdin: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
     ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
-    spawning thread dies (bwrap has --die-with-parent of its own)."""
+    spawning thread dies (bwrap has --die-with-parent of its own). ``stdin``: an fd for its
+    stdin (default /dev/null)."""
     if pdeathsig:
         argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
     env = {"PATH": "/usr/bin:/bin"}
@@ -88,7 +93,7 @@ def launch(
     return subprocess.Popen(
         argv,
         pass_fds=pass_fds,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
         env=env,

@@ -11,6 +11,7 @@ and a tree a wall fails to delete is removed by the test.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +48,33 @@ for base in sys.argv[2:]:
         error = errno.errorcode.get(exc.errno, str(exc.errno))
     out[base] = {"depth": made, "error": error}
 print(json.dumps(out))
+"""
+
+# Plants `name` -> `target` in the socket directory again whenever it is not there, for `seconds`
+# (the server removes the marker before a fork and recreates it after).
+PLANTER = r"""
+import errno, json, os, sys, time
+where, name, target, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+report = {"planted": 0, "error": ""}
+try:
+    os.makedirs(where, exist_ok=True)
+except OSError as exc:
+    report["error"] = errno.errorcode.get(exc.errno, str(exc.errno))
+end = time.monotonic() + seconds
+while time.monotonic() < end and not report["error"]:
+    path = os.path.join(where, name)
+    try:
+        if os.path.lexists(path) and not os.path.islink(path):
+            os.unlink(path)
+        os.symlink(target, path)
+        report["planted"] += 1
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        report["error"] = errno.errorcode.get(exc.errno, str(exc.errno))
+    time.sleep(0.0005)
+with open("/tmp/planter.json", "w") as f:
+    json.dump(report, f)
 """
 
 
@@ -184,3 +212,41 @@ def test_a_deep_tree_is_deleted_and_a_restart_starts(
         for sb in (deleted, crashed):
             remove_leftover_tree(_host_dir(tree_server, sb.id))
         remove_leftover_tree(tree_server.state_dir / "reaped")
+
+
+# ---- 3. fork's resume marker -------------------------------------------------------------------
+@pytest.mark.parametrize("target_exists", [False, True], ids=["absent-target", "existing-target"])
+def test_fork_never_creates_or_touches_a_file_the_job_names(
+    security_client: Any, tmp_path: Path, target_exists: bool
+) -> None:
+    """Old gVisor: the server touched the job's symlink named like its resume marker on fork():
+    a root-owned empty file appeared at the job's host path, or an existing file's mtime moved."""
+    target = tmp_path / "victim"
+    if target_exists:
+        target.write_text("untouched\n")
+        os.utime(target, (1_000_000_000, 1_000_000_000))
+    sb = security_client.sandboxes.create(template="small")
+    children: list[Any] = []
+    try:
+        sb.filesystem.write("/work/planter.py", PLANTER)
+        sb.exec(f"nohup python3 /work/planter.py {GUEST_SOCKET_DIR} resume {target} 3 >/dev/null 2>&1 &")
+        time.sleep(0.3)
+        children = security_client.sandboxes.fork_tree(sb.id, 1)
+        time.sleep(0.3)
+        if target_exists:
+            assert target.read_text() == "untouched\n"
+            assert target.stat().st_mtime == 1_000_000_000, "the server touched the job's target"
+        else:
+            assert not os.path.lexists(target), "the server created the file the job named"
+        # Both sides of the fork keep serving.
+        for box in (sb, *children):
+            assert box.exec("echo up", timeout_seconds=20).stdout == "up\n"
+        waited = sb.exec("for i in $(seq 60); do [ -e /tmp/planter.json ] && break; sleep 0.1; done")
+        assert waited.exit_code == 0
+        report = json.loads(sb.filesystem.read("/tmp/planter.json"))
+        # gVisor: the name is in the socket dir, which no server path ever reads now; bwrap: in
+        # the job's own tmpfs root.
+        assert report["planted"] >= 1 and report["error"] == "", report
+    finally:
+        for box in (*children, sb):
+            box.kill()

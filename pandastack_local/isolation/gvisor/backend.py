@@ -19,6 +19,9 @@ makes it unrestorable), ``runsc checkpoint --leave-running`` writes the image,
 the parent's agent listens again, and ``runsc restore`` starts each child from
 the image with its own bundle and socket dir. No process is ever started by
 ``runsc exec`` (the agent owns every process), which is what a restore needs.
+"Listen again" is a byte on the agent's stdin, a pipe only the server writes (a
+restored sandbox's stdin is its own ``runsc restore``'s, with the byte already
+in it): the server never touches a path in the socket dir for it.
 
 Cold creates restore too, from a boot image: the first sandbox of a template boots
 with ``runsc run`` and the server checkpoints one more, freshly booted and never
@@ -40,7 +43,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pandastack_local.guest.agent import RESUME_FILE
 from pandastack_local.isolation import process
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.templates import pythonenv
@@ -62,6 +64,7 @@ RUNSC_FLAGS = (
     "--platform=systrap",
 )
 CHECKPOINT_TIMEOUT_SECONDS = 60.0
+RESUME = b"g"  # the agent's go-ahead after a checkpoint, on its stdin
 # Host threads of one sandbox's runsc, sentry and gofer (Go runtimes) on top of its guest's.
 SENTRY_PIDS = 256
 # Top-level names of the skeleton root (mount points and the jobs' usual directories).
@@ -220,6 +223,8 @@ class GvisorBackend:
         self.images_dir = Path()
         # Boot images by template (see boot_image_key); a create restores one when it exists.
         self.boot_images: dict[str, Path] = {}
+        # Each live sandbox's resume pipe (the write end; the agent reads its stdin).
+        self.resume_pipes: dict[str, int] = {}
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
         return sandboxes_dir / name / "s" / "agent.sock"
@@ -248,8 +253,6 @@ class GvisorBackend:
         directory.chmod(0o700)
         sock_dir = directory / "s"
         sock_dir.mkdir(mode=0o700)
-        if resume:  # a restored agent waits for this before listening again
-            (sock_dir / RESUME_FILE).touch()
         bundle = directory / "bundle"
         bundle.mkdir()
         limits: dict[str, int] = {"nofile": template.nofile, "nproc": template.pids_max}
@@ -263,7 +266,18 @@ class GvisorBackend:
         host_pids = 2 * template.pids_max + SENTRY_PIDS
         procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
         argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
-        proc = process.launch(argv, procs_files, pdeathsig=True)
+        resume_r, resume_w = os.pipe()
+        os.set_blocking(resume_w, False)
+        if resume:  # a restored agent waits for this before listening again
+            os.write(resume_w, RESUME)
+        try:
+            proc = process.launch(argv, procs_files, pdeathsig=True, stdin=resume_r)
+        except BaseException:
+            os.close(resume_w)
+            raise
+        finally:
+            os.close(resume_r)
+        self.resume_pipes[name] = resume_w
         (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
         return process.SandboxProcess(
             name=name,
@@ -330,15 +344,20 @@ class GvisorBackend:
             raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
     def prepare_quiesce(self, sp: process.SandboxProcess) -> None:
-        (sp.directory / "s" / RESUME_FILE).unlink(missing_ok=True)
+        """Before a checkpoint (nothing to prepare: the go-ahead is a byte on the resume pipe)."""
 
     def resume(self, sp: process.SandboxProcess) -> None:
         """Let the checkpointed parent's agent listen again."""
-        with contextlib.suppress(OSError):
-            (sp.directory / "s" / RESUME_FILE).touch()
+        fd = self.resume_pipes.get(sp.name)
+        if fd is not None:
+            with contextlib.suppress(OSError):  # a full pipe: a go-ahead is already waiting
+                os.write(fd, RESUME)
 
     def kill(self, sp: process.SandboxProcess) -> None:
         process.kill(sp, self.cgroups)
+        fd = self.resume_pipes.pop(sp.name, None)
+        if fd is not None:
+            os.close(fd)
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
         return process.reap_leftovers(sandboxes_dir, self.cgroups)
