@@ -666,13 +666,18 @@ class Listener:
     bound from the host (``runsc --host-uds=create``) and can give it up for a checkpoint: a
     host socket open in the sandbox would make the image unrestorable (see ``quiesce``). The
     server says when to listen again through the agent's stdin, a pipe only the server writes
-    (runsc hands a restored sandbox the new stdin), never through a path in that directory.
+    (runsc hands a restored sandbox the new stdin), never through a path in that directory;
+    after each bind the agent says so on its stdout, a pipe only the server reads, and the
+    server links the new socket into a directory of its own (nothing it connects to is a name
+    the guest can change).
     """
 
     def __init__(self, spec: str) -> None:
         self.path = "" if spec.isdigit() else spec
-        # The server's go-ahead after a checkpoint (a dup: main points fd 0 at /dev/null).
+        # The server's go-ahead after a checkpoint, and "listening" back to it (dups: main points
+        # fds 0 and 1 at /dev/null).
         self.resume_fd = os.dup(0) if self.path else -1
+        self.listening_fd = os.dup(1) if self.path else -1
         self.sock = socket.socket(fileno=int(spec)) if not self.path else self._bind()
         self.sock.set_inheritable(False)
         self.wake_r, self.wake_w = os.pipe()
@@ -691,6 +696,10 @@ class Listener:
         sock.bind(self.path)
         os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
         sock.listen(128)
+        try:
+            os.write(self.listening_fd, b"L")
+        except OSError:  # the server has gone: the sandbox goes with it
+            pass
         return sock
 
     def serve(self) -> None:
@@ -774,6 +783,7 @@ def main() -> None:
     listener = Listener(sys.argv[1])
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
+    os.dup2(devnull, 1)  # (gVisor: the listener keeps the server's pipes, see Listener)
     listener.serve()
 
 

@@ -73,11 +73,12 @@ def launch(
     pass_fds: tuple[int, ...] = (),
     pdeathsig: bool = False,
     stdin: int | None = None,
+    stdout: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
     ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
-    spawning thread dies (bwrap has --die-with-parent of its own). ``stdin``: an fd for its
-    stdin (default /dev/null)."""
+    spawning thread dies (bwrap has --die-with-parent of its own). ``stdin``, ``stdout``: fds
+    for its stdin and stdout (default /dev/null)."""
     if pdeathsig:
         argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
     env = {"PATH": "/usr/bin:/bin"}
@@ -94,7 +95,7 @@ def launch(
         argv,
         pass_fds=pass_fds,
         stdin=subprocess.DEVNULL if stdin is None else stdin,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if stdout is None else stdout,
         stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
         env=env,
         cwd="/",

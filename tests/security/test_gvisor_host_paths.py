@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -250,3 +252,117 @@ def test_fork_never_creates_or_touches_a_file_the_job_names(
     finally:
         for box in (*children, sb):
             box.kill()
+
+
+# ---- 4. the agent socket ------------------------------------------------------------------------
+class Decoy:
+    """A host unix listener that records who connects and answers like an agent with a forged result."""
+
+    FORGED = b'\x01\x00\x00\x00\x07FORGED\n\x00\x00\x00\x00\x0f{"exit_code":0}'
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.requests: list[bytes] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o777)
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                with contextlib.suppress(OSError):
+                    self.requests.append(conn.recv(4096))
+                    conn.sendall(self.FORGED)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_the_server_never_connects_to_a_socket_the_job_names(
+    security_client: Any, tmp_path: Path, run_script: Callable[..., dict[str, Any]]
+) -> None:
+    """Old gVisor: a symlink in place of the agent socket made the server (uid 0) connect to the
+    host listener it named and return that listener's bytes as the job's result."""
+    decoy = Decoy(tmp_path / "decoy.sock")
+    sb = security_client.sandboxes.create(template="small")
+    try:
+        swap = (
+            "import errno, json, os, sys\n"
+            f"agent_sock, decoy = {GUEST_SOCKET_DIR + '/agent.sock'!r}, {str(decoy.path)!r}\n"
+            "out = {}\n"
+            "for step, fn in (('unlink', lambda: os.unlink(agent_sock)),\n"
+            "                 ('symlink', lambda: os.symlink(decoy, agent_sock))):\n"
+            "    try:\n"
+            "        fn(); out[step] = 'ok'\n"
+            "    except OSError as exc:\n"
+            "        out[step] = errno.errorcode.get(exc.errno, str(exc.errno))\n"
+            "print(json.dumps(out))\n"
+        )
+        report = run_script(sb, swap)
+        for _ in range(3):
+            result = sb.exec("echo real")
+            assert (result.exit_code, result.stdout) == (0, "real\n"), result
+        assert sb.filesystem.read("/work/attack.py")
+        assert decoy.requests == [], f"the server connected to the job's listener: {decoy.requests[:1]}"
+        if GVISOR:  # the job can rename things in the socket dir; the server connects to none
+            assert report == {"unlink": "ok", "symlink": "ok"}, report
+        else:  # bwrap: the agent socket is the server's, on the host; the guest has no such name
+            assert report == {"unlink": "ENOENT", "symlink": "ENOENT"}, report
+    finally:
+        sb.kill()
+        decoy.close()
+
+
+def test_the_server_links_only_a_socket_the_sandbox_bound(tmp_path: Path) -> None:
+    """What an escaped guest could leave in its socket dir (a symlink to a host listener, a
+    listener it does not own, a plain file, a second name for another socket) is never linked
+    as the server's agent socket; a socket the sandbox's uid bound is. (Both backends: the
+    server-side check itself.)"""
+    from pandastack_local.isolation.gvisor.backend import link_agent_socket
+
+    directory = tmp_path / "sandbox"
+    sock_dir = directory / "s"
+    sock_dir.mkdir(parents=True)
+    decoy = socket.socket(socket.AF_UNIX)
+    decoy.bind(str(tmp_path / "decoy.sock"))
+    owner = 0x60000000 + 4242  # the sandbox's uid; the decoy is root's
+    planted = sock_dir / "agent.sock"
+    try:
+        for plant in (
+            lambda: planted.symlink_to(tmp_path / "decoy.sock"),
+            lambda: planted.write_text("not a socket"),
+            lambda: os.link(tmp_path / "decoy.sock", planted),
+            # a second name for a socket of the sandbox's uid bound elsewhere
+            lambda: (
+                os.chown(tmp_path / "decoy.sock", owner, owner),
+                os.link(tmp_path / "decoy.sock", planted),
+            ),
+        ):
+            plant()
+            assert link_agent_socket(directory, owner) is False
+            assert not os.path.lexists(directory / "agent.sock")
+            planted.unlink()
+        own = socket.socket(socket.AF_UNIX)
+        own.bind(str(planted))
+        own.listen(1)
+        os.chown(planted, owner, owner)
+        assert link_agent_socket(directory, owner) is True
+        assert (directory / "agent.sock").stat().st_ino == planted.stat().st_ino
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(str(directory / "agent.sock"))
+        client.close()
+        own.close()
+    finally:
+        decoy.close()

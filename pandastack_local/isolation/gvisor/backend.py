@@ -23,6 +23,14 @@ the image with its own bundle and socket dir. No process is ever started by
 restored sandbox's stdin is its own ``runsc restore``'s, with the byte already
 in it): the server never touches a path in the socket dir for it.
 
+The socket dir is the one host directory the guest can write, so the server
+connects to no name in it. After each bind the agent writes a byte to its stdout
+(a pipe the server reads on its event loop); the server then opens ``s/agent.sock``
+O_PATH|O_NOFOLLOW from the dir it created, checks that it is a socket of the
+sandbox's uid with no other name, and hard-links that inode as ``agent.sock`` in
+the sandbox's own 0700 dir: the name every request connects to, which no guest
+can replace (``link_agent_socket``).
+
 Cold creates restore too, from a boot image: the first sandbox of a template boots
 with ``runsc run`` and the server checkpoints one more, freshly booted and never
 used, as that template's image (as PandaStack restores microVMs from a template
@@ -32,13 +40,16 @@ once per template, not per sandbox.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -65,6 +76,7 @@ RUNSC_FLAGS = (
 )
 CHECKPOINT_TIMEOUT_SECONDS = 60.0
 RESUME = b"g"  # the agent's go-ahead after a checkpoint, on its stdin
+AGENT_SOCKET = "agent.sock"  # the agent's name in s/, and the server's link to it beside s/
 # Host threads of one sandbox's runsc, sentry and gofer (Go runtimes) on top of its guest's.
 SENTRY_PIDS = 256
 # Top-level names of the skeleton root (mount points and the jobs' usual directories).
@@ -170,7 +182,7 @@ def oci_config(
                 "-I",
                 "-S",
                 "/.pandastack/agent.py",
-                f"{GUEST_SOCKET_DIR}/agent.sock",
+                f"{GUEST_SOCKET_DIR}/{AGENT_SOCKET}",
                 json.dumps(limits),
             ],
             "cwd": "/root",
@@ -209,6 +221,63 @@ def prepare_skeleton(path: Path) -> Path:
     return path
 
 
+AT_FDCWD, AT_EMPTY_PATH = -100, 0x1000
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def link_agent_socket(directory: Path, owner: int) -> bool:
+    """Link the socket the agent bound in ``directory/s`` as ``directory/agent.sock``, the name
+    the server connects to, if it is one the sandbox made: opened from the server's own
+    ``directory`` without following a link, a socket, owned by ``owner`` (the sandbox's host
+    uid), with no other name. False (and the link left as it was) for anything else."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        sock_dir = os.open(directory / "s", flags | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        found = os.open(AGENT_SOCKET, flags, dir_fd=sock_dir)
+    except OSError:
+        return False
+    finally:
+        os.close(sock_dir)
+    link = directory / AGENT_SOCKET
+    try:
+        st = os.fstat(found)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != owner:
+            return False
+        with contextlib.suppress(OSError):
+            current = os.stat(link, follow_symlinks=False)
+            if (current.st_dev, current.st_ino) == (st.st_dev, st.st_ino):
+                return True  # linked already
+        if st.st_nlink != 1:
+            return False
+        staged = directory / f"{AGENT_SOCKET}.new"
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()
+        # linkat(fd, "", AT_EMPTY_PATH): a name for the inode the fd holds (root's
+        # CAP_DAC_READ_SEARCH; a /proc/self/fd path is refused with EXDEV for a socket).
+        if _libc().linkat(found, b"", AT_FDCWD, os.fsencode(staged), AT_EMPTY_PATH) != 0:
+            return False
+        os.replace(staged, link)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(found)
+
+
+@dataclasses.dataclass
+class AgentPipes:
+    """The server's ends of a sandbox's agent pipes (see the module docstring)."""
+
+    resume: int  # written: the go-ahead after a checkpoint
+    listening: int  # read on the event loop: the agent has bound its socket
+
+
 class GvisorBackend:
     """Sandboxes as runsc containers (see the module docstring)."""
 
@@ -223,11 +292,11 @@ class GvisorBackend:
         self.images_dir = Path()
         # Boot images by template (see boot_image_key); a create restores one when it exists.
         self.boot_images: dict[str, Path] = {}
-        # Each live sandbox's resume pipe (the write end; the agent reads its stdin).
-        self.resume_pipes: dict[str, int] = {}
+        self.pipes: dict[str, AgentPipes] = {}
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
-        return sandboxes_dir / name / "s" / "agent.sock"
+        """The server's link to the agent's socket (link_agent_socket), beside the socket dir."""
+        return sandboxes_dir / name / AGENT_SOCKET
 
     def describe(self) -> str:
         return f"gvisor (runsc {self.version}, systrap)"
@@ -267,17 +336,22 @@ class GvisorBackend:
         procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
         argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
         resume_r, resume_w = os.pipe()
+        listening_r, listening_w = os.pipe()
         os.set_blocking(resume_w, False)
+        os.set_blocking(listening_r, False)
         if resume:  # a restored agent waits for this before listening again
             os.write(resume_w, RESUME)
         try:
-            proc = process.launch(argv, procs_files, pdeathsig=True, stdin=resume_r)
+            proc = process.launch(argv, procs_files, pdeathsig=True, stdin=resume_r, stdout=listening_w)
         except BaseException:
             os.close(resume_w)
+            os.close(listening_r)
             raise
         finally:
             os.close(resume_r)
-        self.resume_pipes[name] = resume_w
+            os.close(listening_w)
+        self.pipes[name] = AgentPipes(resume=resume_w, listening=listening_r)
+        asyncio.get_running_loop().add_reader(listening_r, self._agent_listening, directory, listening_r)
         (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
         return process.SandboxProcess(
             name=name,
@@ -324,7 +398,10 @@ class GvisorBackend:
         )
 
     def checkpoint(self, sp: process.SandboxProcess, image: Path, leave_running: bool = True) -> None:
-        """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running unless told."""
+        """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running unless told.
+        The server's link to the old socket goes first: the agent relinks when it listens again."""
+        with contextlib.suppress(FileNotFoundError):
+            sp.socket_path.unlink()
         argv = self._runsc(
             sp.directory,
             "checkpoint",
@@ -343,21 +420,36 @@ class GvisorBackend:
         if out.returncode != 0:
             raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
+    def _agent_listening(self, directory: Path, fd: int) -> None:
+        """The agent said it bound its socket (or its sandbox ended: EOF). On the event loop."""
+        try:
+            said = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            said = b""
+        if said:
+            link_agent_socket(directory, 0)
+            return
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+
     def prepare_quiesce(self, sp: process.SandboxProcess) -> None:
         """Before a checkpoint (nothing to prepare: the go-ahead is a byte on the resume pipe)."""
 
     def resume(self, sp: process.SandboxProcess) -> None:
-        """Let the checkpointed parent's agent listen again."""
-        fd = self.resume_pipes.get(sp.name)
-        if fd is not None:
+        """Let the checkpointed parent's agent listen again (it says so when it does)."""
+        pipes = self.pipes.get(sp.name)
+        if pipes is not None:
             with contextlib.suppress(OSError):  # a full pipe: a go-ahead is already waiting
-                os.write(fd, RESUME)
+                os.write(pipes.resume, RESUME)
 
     def kill(self, sp: process.SandboxProcess) -> None:
         process.kill(sp, self.cgroups)
-        fd = self.resume_pipes.pop(sp.name, None)
-        if fd is not None:
-            os.close(fd)
+        # (the listening pipe ends with the sandbox's processes: _agent_listening closes it)
+        pipes = self.pipes.pop(sp.name, None)
+        if pipes is not None:
+            os.close(pipes.resume)
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
         return process.reap_leftovers(sandboxes_dir, self.cgroups)
