@@ -659,6 +659,35 @@ def _copy_tree(src: str, dst: str) -> None:
                 shutil.copy2(s, os.path.join(target, f))
 
 
+def _dac_override(raised: bool) -> None:
+    """Raise (or drop) CAP_DAC_OVERRIDE in this thread's effective set where it is permitted
+    (gVisor gives the agent that one, for its socket dir; no process it starts can have it)."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
+
+    try:
+        libc = ctypes.CDLL(None)
+        header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+        if libc.capget(ctypes.byref(header), data) != 0:
+            return
+        bit = 1 << 1  # CAP_DAC_OVERRIDE
+        data[0].effective = (
+            (data[0].effective | bit) & data[0].permitted if raised else data[0].effective & ~bit
+        )
+        libc.capset(ctypes.byref(header), data)
+    except (OSError, AttributeError):
+        pass
+
+
 class Listener:
     """The agent's listening socket and its accept loop.
 
@@ -688,13 +717,19 @@ class Listener:
         self.open_conns = 0
 
     def _bind(self) -> socket.socket:
+        # The socket dir is not root's (no job may write it): bind with the one capability the
+        # agent holds, raised in this thread for the bind alone.
+        _dac_override(True)
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.path)
-        os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self.path)
+            os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
+        finally:
+            _dac_override(False)
         sock.listen(128)
         try:
             os.write(self.listening_fd, b"L")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +31,23 @@ from tests.support.server import GVISOR, write_template
 
 MiB = 1024 * 1024
 DEEP = 3000
+# What the host's free space may move by, beside the cap, from other processes on this machine.
+FREE_SPACE_SLACK = 100 * MiB
+
+WRITE_FLOOD = r"""
+import errno, json, os, sys
+where, total = sys.argv[1], int(sys.argv[2])
+out = {"written": 0, "error": ""}
+chunk = b"\xa5" * (1 << 20)
+try:
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, "flood"), "wb", buffering=0) as f:
+        while out["written"] < total:
+            out["written"] += f.write(chunk)
+except OSError as exc:
+    out["error"] = errno.errorcode.get(exc.errno, str(exc.errno))
+print(json.dumps(out))
+"""
 
 DEEP_TREE = r"""
 import errno, json, os, sys
@@ -79,6 +98,32 @@ with open("/tmp/planter.json", "w") as f:
     json.dump(report, f)
 """
 
+ODD_MODES = r"""
+import errno, json, os, sys
+where = sys.argv[1]
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "ok"
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+attempt("mkdir", lambda: os.makedirs(where, exist_ok=True))
+def setuid_file():
+    path = os.path.join(where, "suid")
+    with open(path, "wb") as f:
+        f.write(b"#!/bin/sh\nid\n")
+    os.chmod(path, 0o4755)
+attempt("setuid_file", setuid_file)
+def setgid_dir():
+    os.mkdir(os.path.join(where, "sgid"))
+    os.chmod(os.path.join(where, "sgid"), 0o2777)
+attempt("setgid_dir", setgid_dir)
+attempt("chmod_dir", lambda: os.chmod(where, 0o6777))
+attempt("chmod_socket", lambda: os.chmod(os.path.join(where, "agent.sock"), 0o4777))
+print(json.dumps(out))
+"""
+
 
 def _host_dir(server: LocalServer, sandbox_id: str) -> Path:
     return server.state_dir / "sandboxes" / sandbox_id
@@ -89,6 +134,23 @@ def _guest_writable_host_dir(server: LocalServer, sandbox_id: str) -> Path:
     the guest); under bwrap no host dir is bound writable, so the sandbox's own host dir stands in."""
     directory = _host_dir(server, sandbox_id)
     return directory / "s" if GVISOR else directory
+
+
+def _walk_no_follow(top: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every entry under ``top`` (lstat, symlinks not followed), iteratively and by fd, so a deep
+    tree cannot break the walk either."""
+    todo = [top]
+    while todo:
+        directory = todo.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            yield Path(entry.path), st
+            if stat.S_ISDIR(st.st_mode) and len(entry.path) < 3000:
+                todo.append(Path(entry.path))
 
 
 def plant_deep_tree(parent: Path, depth: int, outside: Path) -> None:
@@ -147,6 +209,31 @@ def _nothing_left(server: LocalServer, sandbox_id: str, timeout: float = 10.0) -
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+# ---- 1. the disk cap ---------------------------------------------------------------------------
+def test_a_job_cannot_write_past_its_disk_cap_through_the_socket_directory(
+    security_server: LocalServer, sandbox: Any, run_script: Callable[..., dict[str, Any]]
+) -> None:
+    """Old gVisor: 320 MiB landed on the host disk (root-owned) against the 64 MiB cap."""
+    cap = SMALL["disk_mb"] * MiB
+    free_before = _free_bytes(security_server.state_dir)
+    report = run_script(sandbox, WRITE_FLOOD, GUEST_SOCKET_DIR, cap + 256 * MiB, timeout=120)
+    landed = sum(st.st_blocks * 512 for _, st in _walk_no_follow(_host_dir(security_server, sandbox.id)))
+    dropped = free_before - _free_bytes(security_server.state_dir)
+    assert landed < MiB, f"{landed} bytes of the job's data landed in the sandbox's host dir: {report}"
+    assert dropped < cap + FREE_SPACE_SLACK, f"host free space dropped by {dropped // MiB} MiB: {report}"
+    if GVISOR:
+        # The socket directory is not the job's: it cannot even create a file there.
+        assert report == {"written": 0, "error": "EACCES"}, report
+    else:
+        # bwrap binds no host directory there: the job filled its own tmpfs root up to its cap.
+        assert report["error"] == "ENOSPC" and report["written"] <= cap, report
+
+
+def _free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 # ---- 2. deep trees: delete and restart ---------------------------------------------------------
@@ -208,8 +295,10 @@ def test_a_deep_tree_is_deleted_and_a_restart_starts(
         for report in reports:
             for scratch in ("/tmp/tree", "/work/tree"):
                 assert report[scratch] == {"depth": DEEP, "error": ""}, report
-            # (gVisor: the socket dir is still the job's to write; bwrap: its own tmpfs root)
-            assert report[f"{GUEST_SOCKET_DIR}/tree"] == {"depth": DEEP, "error": ""}, report
+            if GVISOR:  # the socket directory is not the job's to write
+                assert report[f"{GUEST_SOCKET_DIR}/tree"] == {"depth": 0, "error": "EACCES"}, report
+            else:  # bwrap: that path is in its own tmpfs root, nothing on the host
+                assert report[f"{GUEST_SOCKET_DIR}/tree"] == {"depth": DEEP, "error": ""}, report
     finally:
         for sb in (deleted, crashed):
             remove_leftover_tree(_host_dir(tree_server, sb.id))
@@ -246,9 +335,10 @@ def test_fork_never_creates_or_touches_a_file_the_job_names(
         waited = sb.exec("for i in $(seq 60); do [ -e /tmp/planter.json ] && break; sleep 0.1; done")
         assert waited.exit_code == 0
         report = json.loads(sb.filesystem.read("/tmp/planter.json"))
-        # gVisor: the name is in the socket dir, which no server path ever reads now; bwrap: in
-        # the job's own tmpfs root.
-        assert report["planted"] >= 1 and report["error"] == "", report
+        if GVISOR:
+            assert report == {"planted": 0, "error": "EACCES"}, report
+        else:  # bwrap: the name is in the job's own tmpfs root; no server ever looks there
+            assert report["planted"] >= 1 and report["error"] == "", report
     finally:
         for box in (*children, sb):
             box.kill()
@@ -316,8 +406,8 @@ def test_the_server_never_connects_to_a_socket_the_job_names(
             assert (result.exit_code, result.stdout) == (0, "real\n"), result
         assert sb.filesystem.read("/work/attack.py")
         assert decoy.requests == [], f"the server connected to the job's listener: {decoy.requests[:1]}"
-        if GVISOR:  # the job can rename things in the socket dir; the server connects to none
-            assert report == {"unlink": "ok", "symlink": "ok"}, report
+        if GVISOR:
+            assert report == {"unlink": "EACCES", "symlink": "EACCES"}, report
         else:  # bwrap: the agent socket is the server's, on the host; the guest has no such name
             assert report == {"unlink": "ENOENT", "symlink": "ENOENT"}, report
     finally:
@@ -366,3 +456,90 @@ def test_the_server_links_only_a_socket_the_sandbox_bound(tmp_path: Path) -> Non
         own.close()
     finally:
         decoy.close()
+
+
+# ---- 5. modes ------------------------------------------------------------------------------------
+def test_a_job_leaves_no_setuid_file_and_no_odd_mode_on_the_host(
+    security_server: LocalServer, sandbox: Any, run_script: Callable[..., dict[str, Any]]
+) -> None:
+    """Old gVisor: a host file mode 04755 owned by uid 0, and the socket directory 0o46777."""
+    report = run_script(sandbox, ODD_MODES, GUEST_SOCKET_DIR)
+    directory = _host_dir(security_server, sandbox.id)
+    found = list(_walk_no_follow(directory))
+    special = [(str(p), oct(st.st_mode)) for p, st in found if st.st_mode & (stat.S_ISUID | stat.S_ISGID)]
+    assert special == [], f"setuid/setgid files on the host: {special} ({report})"
+    if GVISOR:
+        assert report == {
+            "mkdir": "ok",  # it exists (exist_ok)
+            "setuid_file": "EACCES",
+            "setgid_dir": "EACCES",
+            "chmod_dir": "EPERM",
+            "chmod_socket": "EACCES",
+        }, report
+        sock_dir = directory / "s"
+        st = sock_dir.lstat()
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid != 0, oct(st.st_mode)
+        # What the guest made on the host (the agent's socket) is the sandbox's uid's, not root's.
+        made = [(str(p), st.st_uid) for p, st in _walk_no_follow(sock_dir)]
+        assert made and all(uid != 0 for _, uid in made), made
+    else:  # bwrap: every path is in the job's own tmpfs root
+        assert report["setuid_file"] == "ok" and report["chmod_dir"] == "ok", report
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+# ---- 6. the sentry's host uid ---------------------------------------------------------------------
+def _host_processes(marker: str) -> list[tuple[int, str, int, str]]:
+    """(pid, argv0, host uid, user namespace) of every host process whose command line has ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path("/proc", entry, "cmdline").read_bytes()
+            if marker.encode() not in cmdline.replace(b"\0", b" "):
+                continue
+            status = Path("/proc", entry, "status").read_text()
+            userns = os.readlink(f"/proc/{entry}/ns/user")
+        except OSError:
+            continue
+        uid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
+        found.append((int(entry), cmdline.split(b"\0")[0].decode(errors="replace"), uid, userns))
+    return found
+
+
+def _not_an_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return True
+    return False
+
+
+def test_the_sandbox_kernel_runs_as_an_unprivileged_host_uid(
+    security_server: LocalServer, security_client: Any
+) -> None:
+    """Old gVisor: the sentry (and the gofer) ran as host uid 0 with six capabilities."""
+    root_server = security_server.uid() == 0
+    boxes = [security_client.sandboxes.create(template="small") for _ in range(2)]
+    try:
+        uids = []
+        for sb in boxes:
+            if GVISOR:
+                procs = [p for p in _host_processes(sb.id) if p[1] in ("runsc-sandbox", "runsc-gofer")]
+                assert {p[1] for p in procs} == {"runsc-sandbox", "runsc-gofer"}, procs
+            else:  # bwrap: the job's own processes are host processes
+                sb.exec(f"nohup sleep {4200 + len(uids)} >/dev/null 2>&1 &")
+                time.sleep(0.2)
+                procs = _host_processes(f"sleep {4200 + len(uids)}")
+                assert procs, "the job's process is not on the host"
+            assert all(uid != 0 for _, _, uid, _ in procs), procs
+            if root_server:  # a root server maps each sandbox to a uid no account has
+                assert all(_not_an_account(uid) for _, _, uid, _ in procs), procs
+                server_ns = os.readlink(f"/proc/{security_server.pid}/ns/user")
+                assert all(ns != server_ns for *_, ns in procs), procs
+            uids.append({uid for _, _, uid, _ in procs})
+        if root_server:
+            assert uids[0].isdisjoint(uids[1]), f"two sandboxes share a host uid: {uids}"
+    finally:
+        for sb in boxes:
+            sb.kill()

@@ -1,18 +1,26 @@
 """The gVisor backend: every sandbox is a ``runsc`` container with a user-space kernel.
 
-Each sandbox gets an OCI bundle under its host dir: a shared empty skeleton as
-its read-only root (gVisor overlays it in memory, so the root's writes are
-charged to the sandbox's memory), the host's ``/usr`` read-only, the guest
-files and template environments read-only, ``/tmp`` a tmpfs capped at the
-template's disk, ``--network=none``. Its init is the same agent as bwrap's; the
-agent binds its unix socket in a directory bound from the host
+Each sandbox gets an OCI bundle under its host dir: an empty skeleton of its own
+as its root (gVisor overlays it in memory, so the root's writes are charged to
+the sandbox's memory and never reach the host), the host's ``/usr`` read-only,
+the guest files and template environments read-only, ``/tmp`` a tmpfs capped at
+the template's disk, ``--network=none``. Its init is the same agent as bwrap's;
+the agent binds its unix socket in a directory bound from the host
 (``--host-uds=create``), so the server speaks the same frames over it.
+
+A root server runs each sandbox's sentry and gofer as host uids of its own: the
+spec has a user namespace mapping the guest's root and SOCKET_DIR_OWNER to two
+uids from ``idmap.UidPool``, and what they read is exposed to them as for bwrap
+(``mountns.Exposed``). The socket dir is 0700 and SOCKET_DIR_OWNER's, so no job
+(root without capabilities) can list, write or chmod it: only the agent, which
+holds AGENT_CAPABILITY for its bind.
 
 ``runsc run`` stays in the foreground as the server's child (its sandbox and
 gofer are its children), inside the sandbox's cgroups (joined before exec, as
 for bwrap; ``--ignore-cgroups`` keeps runsc from moving itself), with
 ``PDEATHSIG`` so a dead server takes it along. Delete is SIGKILL to that tree
-plus the cgroup sweep, then the host dir (bundle, runsc state, socket, images).
+plus the cgroup sweep, then the host dir (bundle, runsc state, skeleton, socket dir,
+images: ``process.remove_tree``, which trusts nothing in it).
 
 Fork copies memory: the agent gives up its listener (a host socket in an image
 makes it unrestorable), ``runsc checkpoint --leave-running`` writes the image,
@@ -46,6 +54,7 @@ import ctypes
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -54,10 +63,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pandastack_local.isolation import process
+from pandastack_local.isolation import mountns, process
+from pandastack_local.isolation.bwrap.sandbox import bind_sources, exposed_sources
 from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
+
+log = logging.getLogger("pandastack_local")
 
 MIN_RUNSC_DATE = "20240729"
 INSTALL_HINT = (
@@ -66,6 +79,12 @@ INSTALL_HINT = (
 )
 # The agent's socket dir inside the sandbox (bound read-write from the sandbox's host dir).
 GUEST_SOCKET_DIR = "/.pandastack-sock"
+# Its owner as the guest sees it (mapped to a host uid of the sandbox's own): not the jobs' root,
+# so with mode 0700 and no capabilities no job can list, write or chmod it.
+SOCKET_DIR_OWNER = 1
+# The one capability the agent holds (permitted, not effective, and out of its bounding set, so
+# no process it starts can have it): raised only while it binds its socket in that dir.
+AGENT_CAPABILITY = "CAP_DAC_OVERRIDE"
 # Global runsc flags, the same for run, checkpoint and restore.
 RUNSC_FLAGS = (
     "--network=none",
@@ -142,9 +161,24 @@ def oci_mounts_and_env(args: list[str]) -> tuple[list[dict[str, Any]], dict[str,
 
 
 def oci_config(
-    template: Template, guest_dir: Path, rootfs: Path, sock_dir: Path, limits: dict[str, int]
+    template: Template,
+    guest_dir: Path,
+    rootfs: Path,
+    sock_dir: Path,
+    limits: dict[str, int],
+    sources: dict[str, str] | None = None,
+    host_ids: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The sandbox's config.json: the agent as init, read-only system view, capped /tmp."""
+    """The sandbox's config.json: the agent as init, read-only system view, capped /tmp.
+
+    ``sources``: host dir -> where the server exposes it to the sandbox's uid (every bind source
+    under such a dir is read from there). ``host_ids``: the host uids of the guest's root and of
+    SOCKET_DIR_OWNER, in a user namespace of the sandbox's own (None: no mapping)."""
+    sources = sources or {}
+
+    def exposed(path: Path) -> str:
+        return exposed_sources(["--ro-bind", str(path), "/"], sources)[1]
+
     root_bytes, shm_bytes = process.disk_split(template.disk_mb * 1024 * 1024)
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -164,17 +198,17 @@ def oci_config(
             for d, mode in (("/tmp", "1777"), ("/work", "755"))
         ),
         _bind("/usr", "/usr"),
-        _bind(str(guest_dir), "/.pandastack"),
+        _bind(exposed(guest_dir), "/.pandastack"),
         _bind(str(sock_dir), GUEST_SOCKET_DIR, writable=True),
     ]
     if (guest_dir / "alternatives").is_dir():
-        mounts.append(_bind(str(guest_dir / "alternatives"), "/etc/alternatives"))
+        mounts.append(_bind(exposed(guest_dir / "alternatives"), "/etc/alternatives"))
     if template.rootfs is not None:
-        mounts.append(_bind(str(template.rootfs), "/.pandastack-rootfs"))
-    binds, _ = oci_mounts_and_env(pythonenv.bind_args(template))
-    software, template_env = oci_mounts_and_env(template.guest_args())
+        mounts.append(_bind(exposed(template.rootfs), "/.pandastack-rootfs"))
+    binds, _ = oci_mounts_and_env(exposed_sources(pythonenv.bind_args(template), sources))
+    software, template_env = oci_mounts_and_env(exposed_sources(template.guest_args(), sources))
     env = {"PATH": pythonenv.guest_path(template), "HOME": "/root", "LANG": "C.UTF-8", **template_env}
-    return {
+    config: dict[str, Any] = {
         "ociVersion": "1.0.2",
         "process": {
             "args": [
@@ -188,36 +222,71 @@ def oci_config(
             "cwd": "/root",
             "user": {"uid": 0, "gid": 0},
             "env": [f"{k}={v}" for k, v in env.items()],
-            # No capabilities, like bwrap's --cap-drop ALL; no privilege gain through exec.
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": []},
+            # Jobs get no capabilities (like bwrap's --cap-drop ALL) and no privilege gain through
+            # exec: the bounding set is empty, so an exec as root gains nothing. The agent keeps
+            # AGENT_CAPABILITY permitted, for its bind in the socket dir.
+            "capabilities": {
+                "bounding": [],
+                "effective": [],
+                "inheritable": [],
+                "permitted": [AGENT_CAPABILITY],
+            },
             "noNewPrivileges": True,
         },
         # Writable only through gVisor's memory overlay (--overlay2=root:memory): the host dir stays as is.
-        "root": {"path": str(rootfs), "readonly": False},
+        "root": {"path": exposed(rootfs), "readonly": False},
         "hostname": "sandbox",
         "mounts": mounts + binds + software,
-        "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
-        },
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
     }
+    if host_ids is not None:
+        # runsc starts the sentry and the gofer in this user namespace: on the host they are the
+        # sandbox's uid, with capabilities only over its own files.
+        ids = [
+            {"containerID": 0, "hostID": host_ids[0], "size": 1},
+            {"containerID": SOCKET_DIR_OWNER, "hostID": host_ids[1], "size": 1},
+        ]
+        config["linux"]["namespaces"].append({"type": "user"})
+        config["linux"]["uidMappings"] = ids
+        config["linux"]["gidMappings"] = ids
+    return config
 
 
-def prepare_skeleton(path: Path) -> Path:
-    """The empty root every gVisor sandbox shares read-only: mount points and the host's
-    top-level symlinks (/bin -> usr/bin on a merged-/usr host)."""
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
+def prepare_skeleton(path: Path, mounts: list[dict[str, Any]], owner: int) -> Path:
+    """A sandbox's empty root (gVisor overlays it in memory, so the host dir stays as is): the
+    usual top-level dirs, a mount point for each of ``mounts`` and the host's top-level symlinks
+    (/bin -> usr/bin on a merged-/usr host), all owned by ``owner``, the host uid of the
+    sandbox's root, so that its root owns /, /root and /etc as anywhere else."""
+    made = [path]
+
+    def make(rel: str, directory: bool = True) -> None:
+        target = path
+        parts = Path(rel).parts
+        for i, part in enumerate(parts):
+            target = target / part
+            if os.path.lexists(target):
+                continue
+            if directory or i < len(parts) - 1:
+                target.mkdir(mode=0o755)
+            else:
+                target.touch(mode=0o644)
+            made.append(target)
+
+    path.mkdir(mode=0o755, exist_ok=True)  # (it may be exposed already: filled in place)
     for name in _SKELETON_DIRS:
-        (path / name).mkdir(parents=True, exist_ok=True)
-    for name in (".pandastack", ".pandastack-rootfs", GUEST_SOCKET_DIR.lstrip("/")):
-        (path / name).mkdir()
+        make(name)
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
         host = Path("/") / name
         if host.is_symlink():
             (path / name).symlink_to(os.readlink(host))
-    (path / "tmp").chmod(0o1777)
-    (path / "var" / "tmp").chmod(0o1777)
+            made.append(path / name)
+    for mount in mounts:
+        if mount["type"] == "bind":
+            make(mount["destination"].lstrip("/"), Path(mount["source"]).is_dir())
+    for name, mode in (("tmp", 0o1777), ("var/tmp", 0o1777), ("root", 0o700)):
+        (path / name).chmod(mode)
+    for made_path in made:
+        os.lchown(made_path, owner, owner)
     return path
 
 
@@ -270,12 +339,24 @@ def link_agent_socket(directory: Path, owner: int) -> bool:
         os.close(found)
 
 
-@dataclasses.dataclass
-class AgentPipes:
-    """The server's ends of a sandbox's agent pipes (see the module docstring)."""
+def template_sources(templates: list[Template]) -> list[Path]:
+    """The host dirs the templates bind into their sandboxes (rootfs, python_env, code_dirs)."""
+    wanted: list[Path] = []
+    for template in templates:
+        if template.rootfs is not None:
+            wanted.append(template.rootfs)
+        wanted += [Path(p) for p in bind_sources(pythonenv.bind_args(template))]
+    return list(dict.fromkeys(wanted))
 
-    resume: int  # written: the go-ahead after a checkpoint
-    listening: int  # read on the event loop: the agent has bound its socket
+
+@dataclasses.dataclass
+class SandboxHost:
+    """What the server holds on the host for one live sandbox (see the module docstring)."""
+
+    directory: Path
+    owner: int = 0  # the host uid of its root (what the agent's socket is owned by)
+    resume: int = -1  # the resume pipe's write end: the go-ahead after a checkpoint
+    exposed: list[Path] = dataclasses.field(default_factory=list)  # its root and socket dir, for its uid
 
 
 class GvisorBackend:
@@ -284,15 +365,18 @@ class GvisorBackend:
     name = "gvisor"
     memory_fork = True
 
-    def __init__(self, cgroups: Cgroups, runsc: str | None) -> None:
+    def __init__(self, cgroups: Cgroups, runsc: str | None, instance: str) -> None:
         self.cgroups = cgroups
         self.runsc, self.version = check_runsc(runsc)
+        # Two host uids per sandbox (its root, its socket dir's owner), as for bwrap's sandboxes.
+        self.uids = UidPool(instance) if UidPool.available() and mountns.private() else None
+        self.exposed: mountns.Exposed | None = None
+        self.sources: dict[str, str] = {}
         self.guest_dir = Path()
-        self.rootfs = Path()
         self.images_dir = Path()
         # Boot images by template (see boot_image_key); a create restores one when it exists.
         self.boot_images: dict[str, Path] = {}
-        self.pipes: dict[str, AgentPipes] = {}
+        self.sandboxes: dict[str, SandboxHost] = {}
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
         """The server's link to the agent's socket (link_agent_socket), beside the socket dir."""
@@ -303,13 +387,25 @@ class GvisorBackend:
 
     def start(self, guest_dir: Path, templates: list[Template]) -> None:
         self.guest_dir = guest_dir
-        self.rootfs = prepare_skeleton(guest_dir.parent / "gvisor-root")
         self.images_dir = guest_dir.parent / "gvisor-images"
         shutil.rmtree(self.images_dir, ignore_errors=True)
         self.images_dir.mkdir(mode=0o700)
+        if self.uids is None:
+            log.warning(
+                "isolation: every gVisor sandbox's sentry and gofer run as host root (only a root "
+                "server in its own mount namespace maps each sandbox to its own unprivileged uid)"
+            )
+            return
+        # The sentry and the gofer run as the sandbox's uid, which may not walk the server's
+        # private dirs: what they read is exposed to it, as for bwrap (mountns.Exposed).
+        self.exposed = mountns.Exposed()
+        for path in (guest_dir, *template_sources(templates)):
+            self.expose_built(path)
 
     def expose_built(self, path: Path) -> None:
-        """runsc runs as root and reads every bind source where it is."""
+        """A bind source (a template built after start-up too): let the sandboxes' uids read it."""
+        if self.exposed is not None and str(path) not in self.sources:
+            self.sources[str(path)] = str(self.exposed.expose(path, f"d{len(self.sources)}"))
 
     def _runsc(self, directory: Path, *args: str) -> list[str]:
         return [self.runsc, "--root", str(directory / "runsc"), *RUNSC_FLAGS, *args]
@@ -317,17 +413,49 @@ class GvisorBackend:
     def _launch(
         self, name: str, template: Template, sandboxes_dir: Path, command: list[str], resume: bool
     ) -> process.SandboxProcess:
-        directory = sandboxes_dir / name
+        host = SandboxHost(directory=sandboxes_dir / name)
+        self.sandboxes[name] = host
+        try:
+            proc = self._start(name, template, host, command, resume)
+        except BaseException:
+            self._release(name)
+            raise
+        return process.SandboxProcess(
+            name=name,
+            proc=proc,
+            directory=host.directory,
+            socket_path=self.socket_path(sandboxes_dir, name),
+            restored=resume,
+        )
+
+    def _start(
+        self, name: str, template: Template, host: SandboxHost, command: list[str], resume: bool
+    ) -> subprocess.Popen[bytes]:
+        directory = host.directory
         directory.mkdir(parents=True, mode=0o700)
         directory.chmod(0o700)
-        sock_dir = directory / "s"
+        sock_dir, root = directory / "s", directory / "root"
         sock_dir.mkdir(mode=0o700)
+        root.mkdir(mode=0o755)
+        guest_root, guest_sock_dir, host_ids = root, sock_dir, None
+        if self.uids is not None and self.exposed is not None:
+            # Its root and its socket dir's owner; what the sandbox's uid reads, exposed to it.
+            host_ids = (self.uids.take(name), self.uids.take(f"{name}/s"))
+            host.owner = host_ids[0]
+            guest_root = self.exposed.expose(root, f"r-{name}")
+            host.exposed.append(guest_root)
+            guest_sock_dir = self.exposed.expose(sock_dir, f"s-{name}", writable=True)
+            host.exposed.append(guest_sock_dir)
+        os.chown(sock_dir, *(2 * [host_ids[1] if host_ids else SOCKET_DIR_OWNER]))
         bundle = directory / "bundle"
-        bundle.mkdir()
+        bundle.mkdir(mode=0o700)
         limits: dict[str, int] = {"nofile": template.nofile, "nproc": template.pids_max}
         if "memory" not in self.cgroups.bases:
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
-        config = oci_config(template, self.guest_dir, self.rootfs, sock_dir, limits)
+        config = oci_config(
+            template, self.guest_dir, guest_root, guest_sock_dir, limits, self.sources, host_ids
+        )
+        prepare_skeleton(root, config["mounts"], host.owner)
         (bundle / "config.json").write_text(json.dumps(config))
         # The host's pids wall also counts the sentry's and gofer's threads and one systrap stub
         # per guest process: room for those, while RLIMIT_NPROC (which gVisor enforces even for
@@ -335,31 +463,25 @@ class GvisorBackend:
         host_pids = 2 * template.pids_max + SENTRY_PIDS
         procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
         argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
-        resume_r, resume_w = os.pipe()
+        resume_r, host.resume = os.pipe()
         listening_r, listening_w = os.pipe()
-        os.set_blocking(resume_w, False)
+        os.set_blocking(host.resume, False)
         os.set_blocking(listening_r, False)
         if resume:  # a restored agent waits for this before listening again
-            os.write(resume_w, RESUME)
+            os.write(host.resume, RESUME)
         try:
             proc = process.launch(argv, procs_files, pdeathsig=True, stdin=resume_r, stdout=listening_w)
         except BaseException:
-            os.close(resume_w)
             os.close(listening_r)
             raise
         finally:
             os.close(resume_r)
             os.close(listening_w)
-        self.pipes[name] = AgentPipes(resume=resume_w, listening=listening_r)
-        asyncio.get_running_loop().add_reader(listening_r, self._agent_listening, directory, listening_r)
-        (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
-        return process.SandboxProcess(
-            name=name,
-            proc=proc,
-            directory=directory,
-            socket_path=self.socket_path(sandboxes_dir, name),
-            restored=resume,
+        asyncio.get_running_loop().add_reader(
+            listening_r, self._agent_listening, directory, host.owner, listening_r
         )
+        (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
+        return proc
 
     def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> process.SandboxProcess:
         """Restore the template's boot image when there is one, else boot."""
@@ -420,7 +542,7 @@ class GvisorBackend:
         if out.returncode != 0:
             raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
-    def _agent_listening(self, directory: Path, fd: int) -> None:
+    def _agent_listening(self, directory: Path, owner: int, fd: int) -> None:
         """The agent said it bound its socket (or its sandbox ended: EOF). On the event loop."""
         try:
             said = os.read(fd, 4096)
@@ -429,7 +551,7 @@ class GvisorBackend:
         except OSError:
             said = b""
         if said:
-            link_agent_socket(directory, 0)
+            link_agent_socket(directory, owner)
             return
         asyncio.get_running_loop().remove_reader(fd)
         os.close(fd)
@@ -439,17 +561,29 @@ class GvisorBackend:
 
     def resume(self, sp: process.SandboxProcess) -> None:
         """Let the checkpointed parent's agent listen again (it says so when it does)."""
-        pipes = self.pipes.get(sp.name)
-        if pipes is not None:
+        host = self.sandboxes.get(sp.name)
+        if host is not None and host.resume >= 0:
             with contextlib.suppress(OSError):  # a full pipe: a go-ahead is already waiting
-                os.write(pipes.resume, RESUME)
+                os.write(host.resume, RESUME)
 
     def kill(self, sp: process.SandboxProcess) -> None:
         process.kill(sp, self.cgroups)
-        # (the listening pipe ends with the sandbox's processes: _agent_listening closes it)
-        pipes = self.pipes.pop(sp.name, None)
-        if pipes is not None:
-            os.close(pipes.resume)
+        self._release(sp.name)
+
+    def _release(self, name: str) -> None:
+        """What the server holds for a sandbox that is gone: its resume pipe, its socket dir's
+        exposure, its uids (the listening pipe ends with its processes: _agent_listening)."""
+        host = self.sandboxes.pop(name, None)
+        if host is None:
+            return
+        if host.resume >= 0:
+            os.close(host.resume)
+        if self.exposed is not None:
+            for target in host.exposed:
+                self.exposed.conceal(target)
+        if self.uids is not None:
+            self.uids.give_back(name)
+            self.uids.give_back(f"{name}/s")
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
         return process.reap_leftovers(sandboxes_dir, self.cgroups)
@@ -457,6 +591,8 @@ class GvisorBackend:
     def close(self) -> None:
         self.boot_images.clear()
         shutil.rmtree(self.images_dir, ignore_errors=True)
+        if self.exposed is not None:
+            self.exposed.close()
 
 
 def boot_image_key(template: Template) -> str:
