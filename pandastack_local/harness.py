@@ -160,8 +160,17 @@ class LocalServer:
         import pwd
 
         entry = pwd.getpwnam(str(self.user))
-        for path in [self.state_dir, *self.state_dir.rglob("*")]:
-            os.chown(path, entry.pw_uid, entry.pw_gid)
+        # Iteratively, links not followed, and not into what the user owns already (a restart:
+        # the server's own files, whatever its sandboxes left there).
+        todo = [self.state_dir]
+        while todo:
+            path = todo.pop()
+            st = path.lstat()
+            if st.st_uid == entry.pw_uid and path != self.state_dir:
+                continue
+            os.chown(path, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                todo.extend(path.iterdir())
         here = Path(__file__).resolve().parent
         interpreter = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve()]
         for path in [self.state_dir, *map(Path, self.template_dirs), *interpreter, here, self.cache_dir]:

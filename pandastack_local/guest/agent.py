@@ -51,10 +51,8 @@ TAR_OVERHEAD_BYTES = 1024 * 1024
 # The exec's output is drained for this long after its shell exits, so a
 # background process that kept stdout open cannot hold the exec forever.
 DRAIN_GRACE_SECONDS = 0.3
-# Checkpointing (gVisor fork): how long the agent waits for other requests to finish, and the
-# file the server creates beside the socket when the agent may listen again.
+# Checkpointing (gVisor fork): how long the agent waits for other requests to finish.
 QUIESCE_WAIT_SECONDS = 5.0
-RESUME_FILE = "resume"
 # Every exec runs first in line for the kernel's OOM killer, so a job that fills its sandbox's
 # memory (even with tmpfs pages, which are in no process's RSS) is killed (exit 137), not the agent.
 OOM_FIRST = "echo 1000 >/proc/self/oom_score_adj 2>/dev/null; "
@@ -984,16 +982,54 @@ def _copy_tree(src: str, dst: str) -> None:
 SOCKET_DIR = ""
 
 
+def _dac_override(raised: bool) -> None:
+    """Raise (or drop) CAP_DAC_OVERRIDE in this thread's effective set where it is permitted
+    (gVisor gives the agent that one, for its socket dir; no process it starts can have it)."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
+
+    try:
+        libc = ctypes.CDLL(None)
+        header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+        if libc.capget(ctypes.byref(header), data) != 0:
+            return
+        bit = 1 << 1  # CAP_DAC_OVERRIDE
+        data[0].effective = (
+            (data[0].effective | bit) & data[0].permitted if raised else data[0].effective & ~bit
+        )
+        libc.capset(ctypes.byref(header), data)
+    except (OSError, AttributeError):
+        pass
+
+
 class Listener:
     """The agent's listening socket and its accept loop.
 
     bwrap hands the agent a listening fd. Under gVisor the agent binds a path in a directory
     bound from the host (``runsc --host-uds=create``) and can give it up for a checkpoint: a
-    host socket open in the sandbox would make the image unrestorable (see ``quiesce``).
+    host socket open in the sandbox would make the image unrestorable (see ``quiesce``). The
+    server says when to listen again through the agent's stdin, a pipe only the server writes
+    (runsc hands a restored sandbox the new stdin), never through a path in that directory;
+    after each bind the agent says so on its stdout, a pipe only the server reads, and the
+    server links the new socket into a directory of its own (nothing it connects to is a name
+    the guest can change).
     """
 
     def __init__(self, spec: str) -> None:
         self.path = "" if spec.isdigit() else spec
+        # The server's go-ahead after a checkpoint, and "listening" back to it (dups: main points
+        # fds 0 and 1 at /dev/null).
+        self.resume_fd = os.dup(0) if self.path else -1
+        self.listening_fd = os.dup(1) if self.path else -1
         self.sock = socket.socket(fileno=int(spec)) if not self.path else self._bind()
         self.sock.set_inheritable(False)
         self.wake_r, self.wake_w = os.pipe()
@@ -1004,14 +1040,24 @@ class Listener:
         self.open_conns = 0
 
     def _bind(self) -> socket.socket:
+        # The socket dir is not root's (no job may write it): bind with the one capability the
+        # agent holds, raised in this thread for the bind alone.
+        _dac_override(True)
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.path)
-        os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self.path)
+            os.chmod(self.path, 0o600)  # the server's alone (its directory is 0700 as well)
+        finally:
+            _dac_override(False)
         sock.listen(128)
+        try:
+            os.write(self.listening_fd, b"L")
+        except OSError:  # the server has gone: the sandbox goes with it
+            pass
         return sock
 
     def serve(self) -> None:
@@ -1023,6 +1069,7 @@ class Listener:
             if self.quiescing.is_set():
                 sel.unregister(self.sock)
                 self.sock.close()
+                self._drain_resume()  # a go-ahead from before this quiesce does not count
                 self.closed.set()
                 self._await_resume()
                 self.sock = self._bind()
@@ -1051,12 +1098,16 @@ class Listener:
         with self.lock:
             self.open_conns -= 1
 
+    def _drain_resume(self) -> None:
+        while select.select([self.resume_fd], [], [], 0)[0]:
+            if not os.read(self.resume_fd, 64):
+                os._exit(0)  # the server closed it: it has gone, and so does the sandbox
+
     def _await_resume(self) -> None:
-        """Wait for the server's go-ahead (a file beside the socket) before listening again:
-        in the checkpointed parent once its image is written, in a restored child at once."""
-        go = os.path.join(os.path.dirname(self.path), RESUME_FILE)
-        while not os.path.exists(go):
-            time.sleep(0.002)
+        """Wait for the server's go-ahead (a byte on the resume pipe) before listening again: in
+        the checkpointed parent once its image is written, in a restored child at once."""
+        if not os.read(self.resume_fd, 64):
+            os._exit(0)
         try:
             while os.read(self.wake_r, 64):
                 pass
@@ -1092,6 +1143,7 @@ def main() -> None:
     SOCKET_DIR = os.path.dirname(os.path.realpath(listener.path)) if listener.path else ""
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)
+    os.dup2(devnull, 1)  # (gVisor: the listener keeps the server's pipes, see Listener)
     os.chdir("/")  # /proc/self/cwd of the agent names the root (the delete guard resolves it)
     threading.Thread(target=HEARTBEAT.run, name="heartbeat", daemon=True).start()
     listener.serve()

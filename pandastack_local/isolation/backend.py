@@ -83,5 +83,5 @@ def make_backend(isolation_name: str, cgroups: Cgroups, instance: str, runsc: st
     if isolation_name == "gvisor":
         from pandastack_local.isolation.gvisor.backend import GvisorBackend
 
-        return GvisorBackend(cgroups, runsc)
+        return GvisorBackend(cgroups, runsc, instance)
     raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation_name!r}")

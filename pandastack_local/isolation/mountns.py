@@ -127,16 +127,28 @@ class Exposed:
         self.root.chmod(0o711)
         self.mounts: list[Path] = []
 
-    def expose(self, source: Path, name: str) -> Path:
+    def expose(self, source: Path, name: str, writable: bool = False) -> Path:
+        """Bind ``source`` at ``name`` under the root: read-only and nosuid, or ``writable`` and
+        nosuid, nodev, noexec."""
         target = self.root / name
         target.mkdir(mode=0o755)
         libc = _libc()
         _check(libc.mount(str(source).encode(), str(target).encode(), None, MS_BIND, None), f"bind {source}")
         self.mounts.append(target)
         keep = sum(ms for st, ms in _KEEP.items() if os.statvfs(target).f_flag & st)
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | keep
-        _check(libc.mount(None, str(target).encode(), None, flags, None), f"remount {target} read-only")
+        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | keep
+        flags |= (MS_NODEV | MS_NOEXEC) if writable else MS_RDONLY
+        what = "writable" if writable else "read-only"
+        _check(libc.mount(None, str(target).encode(), None, flags, None), f"remount {target} {what}")
         return target
+
+    def conceal(self, target: Path) -> None:
+        """Undo one ``expose``."""
+        if target in self.mounts:
+            self.mounts.remove(target)
+            _libc().umount2(str(target).encode(), MNT_DETACH)
+            with contextlib.suppress(OSError):
+                target.rmdir()
 
     def close(self) -> None:
         libc = _libc()

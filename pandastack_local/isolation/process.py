@@ -1,14 +1,26 @@
 """What both backends share: a sandbox's host process, its launch into its cgroups, its kill,
-and the start-up reap of what a crashed server left."""
+and the start-up reap of what a crashed server left.
+
+A sandbox's host dir may hold what its guest wrote (gVisor's socket dir is bound into the
+guest), so its deletion trusts nothing in it: ``remove_tree`` works by file descriptor, never
+follows a symlink, never recurses, and holds two descriptors at most, whatever the depth. A
+kill deletes inline for ``REMOVE_SECONDS`` at most; the start-up reap only moves leftovers into
+``reaped/`` (a rename each), and a background thread deletes them, so no tree can hold a
+DELETE or a server start.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
-import shutil
 import signal
+import stat
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +32,12 @@ SETPRIV = "/usr/bin/setpriv"
 # Of the sandbox's disk cap, this much at most is its /dev/shm (the rest is its root).
 SHM_MAX_BYTES = 64 * 1024 * 1024
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with its NUL
+# How long a kill deletes its sandbox's host dir inline; the rest is finished in the background.
+REMOVE_SECONDS = 5.0
+RECORD_MAX_BYTES = 4096
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+log = logging.getLogger("pandastack_local")
 
 
 @dataclass
@@ -50,11 +68,17 @@ def disk_split(disk_bytes: int) -> tuple[int, int]:
 
 
 def launch(
-    argv: list[str], procs_files: list[Path], pass_fds: tuple[int, ...] = (), pdeathsig: bool = False
+    argv: list[str],
+    procs_files: list[Path],
+    pass_fds: tuple[int, ...] = (),
+    pdeathsig: bool = False,
+    stdin: int | None = None,
+    stdout: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
     ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
-    spawning thread dies (bwrap has --die-with-parent of its own)."""
+    spawning thread dies (bwrap has --die-with-parent of its own). ``stdin``, ``stdout``: fds
+    for its stdin and stdout (default /dev/null)."""
     if pdeathsig:
         argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
     env = {"PATH": "/usr/bin:/bin"}
@@ -73,8 +97,8 @@ def launch(
     return subprocess.Popen(
         argv,
         pass_fds=pass_fds,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if stdin is None else stdin,
+        stdout=subprocess.DEVNULL if stdout is None else stdout,
         stderr=subprocess.DEVNULL if not os.environ.get("PANDASTACK_LOCAL_DEBUG") else None,
         env=env,
         cwd="/",
@@ -118,24 +142,188 @@ def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
     cgroups.remove(sp.name)
     with contextlib.suppress(subprocess.TimeoutExpired):
         sp.proc.wait(timeout=5)
-    shutil.rmtree(sp.directory, ignore_errors=True)
+    discard(sp.directory)
 
 
 def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
-    """Start-up: kill and remove what a crashed previous run left (host dirs, processes, cgroups)."""
+    """Start-up: kill what a crashed previous run left (processes, cgroups) and move its host dirs
+    into ``reaped/``, emptied in the background: however big a tree, the start does not wait."""
     reaped = set(cgroups.reap_all())
     if sandboxes_dir.is_dir():
         for directory in sandboxes_dir.iterdir():
-            record = directory / "record.json"
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(json.loads(record.read_text())["pid"])
-                if _is_sandbox_init(pid):
-                    for victim in [pid, *host_descendants(pid)]:
-                        with contextlib.suppress(OSError):
-                            os.kill(victim, signal.SIGKILL)
+            pid = _recorded_pid(directory)
+            if pid is not None and _is_sandbox_init(pid):
+                for victim in [pid, *host_descendants(pid)]:
+                    with contextlib.suppress(OSError):
+                        os.kill(victim, signal.SIGKILL)
             reaped.add(directory.name)
-            shutil.rmtree(directory, ignore_errors=True)
+            _move_to_reaped(directory)
+    if _reaped_dir(sandboxes_dir).is_dir():
+        _empty_in_background(_reaped_dir(sandboxes_dir))
     return sorted(reaped)
+
+
+def _recorded_pid(directory: Path) -> int | None:
+    """The pid in a sandbox's ``record.json`` (the server's file: opened without following a link)."""
+    try:
+        fd = os.open(directory / "record.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return int(json.loads(os.read(fd, RECORD_MAX_BYTES))["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+# ---- deleting what a guest may have written -----------------------------------------------------
+def discard(directory: Path) -> None:
+    """Delete a sandbox's host dir: inline for REMOVE_SECONDS at most; what is left then (or what
+    changed under the deletion) goes to ``reaped/`` and is finished in the background."""
+    try:
+        if remove_tree(directory, time.monotonic() + REMOVE_SECONDS):
+            return
+    except OSError as exc:
+        log.warning("deleting %s: %s: finishing in the background", directory, exc)
+    _move_to_reaped(directory)
+    _empty_in_background(_reaped_dir(directory.parent))
+
+
+def remove_tree(path: Path, deadline: float | None = None) -> bool:
+    """Delete ``path`` and everything under it, trusting nothing in it: iteratively (no recursion
+    for a deep tree to break), by file descriptor (depth is not bound by PATH_MAX), with every
+    directory opened O_NOFOLLOW and checked to be the one listed (a symlink is unlinked, never
+    entered), and two descriptors open at most. ``path``'s parent must be the server's own.
+    True once ``path`` is gone; False when ``deadline`` (monotonic) passed or a directory moved
+    during the deletion: the rest stays for a later call."""
+    try:
+        top = os.open(path.parent, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    try:
+        return _remove_entry(top, path.name, deadline)
+    finally:
+        os.close(top)
+
+
+def _remove_entry(top: int, name: str, deadline: float | None) -> bool:
+    try:
+        st = os.stat(name, dir_fd=top, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=top)
+        return True
+    fd = _open_dir(top, name, st)
+    if fd < 0:
+        return False
+    # The way down from ``top``: each level's name and (device, inode), to climb back by "..".
+    names, ids = [name], [(st.st_dev, st.st_ino)]
+    try:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            sub = _unlink_files_until_a_dir(fd)
+            if sub is not None:
+                child = _open_dir(fd, *sub)
+                if child < 0:
+                    continue  # it changed since it was listed: look again
+                os.close(fd)
+                fd = child
+                names.append(sub[0])
+                ids.append((sub[1].st_dev, sub[1].st_ino))
+                continue
+            if len(names) == 1:
+                os.close(fd)
+                fd = -1
+                os.rmdir(name, dir_fd=top)
+                return True
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            up_st = os.fstat(up)
+            if (up_st.st_dev, up_st.st_ino) != ids[-2]:  # moved: ".." is no longer where we came from
+                os.close(up)
+                return False
+            os.close(fd)
+            fd = up
+            os.rmdir(names.pop(), dir_fd=fd)
+            ids.pop()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _open_dir(parent: int, name: str, listed: os.stat_result) -> int:
+    """``name`` under ``parent`` as a directory fd, if it still is the directory ``listed``; else -1."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):  # gone, or now a file or a link
+            return -1
+        raise
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (listed.st_dev, listed.st_ino):
+        os.close(fd)
+        return -1
+    return fd
+
+
+def _unlink_files_until_a_dir(fd: int) -> tuple[str, os.stat_result] | None:
+    """Unlink the entries of directory ``fd`` that are not directories (symlinks included) until
+    one is: its (name, lstat); None once ``fd`` is empty."""
+    with os.scandir(fd) as entries:  # closing rewinds the shared offset (fd-based scandir)
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                return entry.name, entry.stat(follow_symlinks=False)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.name, dir_fd=fd)
+    return None
+
+
+def _reaped_dir(sandboxes_dir: Path) -> Path:
+    """Where sandbox dirs wait for the background deletion: ``reaped/`` beside ``sandboxes/``."""
+    return sandboxes_dir.parent / "reaped"
+
+
+def _move_to_reaped(directory: Path) -> None:
+    reaped = _reaped_dir(directory.parent)
+    try:
+        reaped.mkdir(mode=0o700, exist_ok=True)
+        os.rename(directory, reaped / f"{directory.name}.{os.urandom(4).hex()}")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not move %s aside for deletion: %s", directory, exc)
+
+
+_reaping_lock = threading.Lock()
+_reaping: dict[Path, bool] = {}  # reaped dir -> "look again when done" (a deletion is running)
+
+
+def _empty_in_background(reaped: Path) -> None:
+    """Delete everything in ``reaped`` on a daemon thread (one per directory at a time)."""
+    with _reaping_lock:
+        if reaped in _reaping:
+            _reaping[reaped] = True
+            return
+        _reaping[reaped] = False
+    threading.Thread(target=_empty, args=(reaped,), name="pandastack-reaper", daemon=True).start()
+
+
+def _empty(reaped: Path) -> None:
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(reaped):
+                try:
+                    if not remove_tree(reaped / name):
+                        log.warning("could not delete %s: it changed during the deletion", reaped / name)
+                except OSError as exc:
+                    log.warning("could not delete %s: %s", reaped / name, exc)
+        with _reaping_lock:
+            if not _reaping[reaped]:
+                del _reaping[reaped]
+                return
+            _reaping[reaped] = False
 
 
 def _is_sandbox_init(pid: int) -> bool:

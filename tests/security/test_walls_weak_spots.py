@@ -114,8 +114,9 @@ def test_sandbox_root_is_an_unprivileged_host_uid(security_client, security_serv
     try:
         if GVISOR:
             # gVisor: the job's root is the sentry's, no host uid at all; the sentry itself runs
-            # as host root under a seccomp filter, no_new_privs and a reduced capability set
-            # (docs/local-server.md, "The three boundaries side by side").
+            # as the sandbox's own unprivileged host uid (test_gvisor_host_paths.py) under a
+            # seccomp filter, no_new_privs and a reduced capability set (docs/local-server.md,
+            # "The three boundaries side by side").
             for sb in (a, b):
                 assert sb.exec("id -u").stdout.strip() == "0"
                 assert sb.exec("grep -c . /proc/self/uid_map").stdout.strip() == "1"
