@@ -1,0 +1,245 @@
+"""The consumer on the real brokers (Redis Streams, PostgreSQL, RabbitMQ, SQS on moto's server) and
+the real pandastack-local: one test body per rule, parametrized over the transports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pandastack_local import LocalServer
+from tests.queue.brokers import Broker
+from tests.queue.conftest import echo_job, live_sandboxes, message, wait_results
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _ids(results: list[dict[str, Any]]) -> list[str]:
+    return sorted(r["id"] for r in results)
+
+
+def test_ack_only_after_the_result_is_out(broker: Broker, queue: str, start_consumer: Any) -> None:
+    """Each message's result reaches the sink before its ack; a sink that fails leaves the message
+    for redelivery, and the redelivered job's result is the one delivered (once)."""
+    t = broker.transport(queue)
+    for i in range(3):
+        t.send(message(echo_job(), id=f"m{i}"))
+    calls: list[str] = []
+    depth_at_sink: list[int] = []
+
+    def sink(job: Any, delivery: Any, outcome: Any) -> None:
+        calls.append(job.message_id)
+        if broker.name != "rabbitmq":  # RabbitMQ counts only ready messages, not those we hold
+            depth_at_sink.append(broker.depth(queue))
+        if job.message_id == "m1" and delivery.count == 1:
+            raise OSError("object storage is down")
+        t.reply(json.dumps(outcome.result).encode())
+
+    stats = start_consumer(until=lambda s: s.acked >= 3, sink=sink, concurrency=2).join(60)
+    results = broker.results(queue)
+    assert _ids(results) == ["m0", "m1", "m2"], results
+    assert {r["id"]: r["delivery"] for r in results}["m1"] == 2  # the failed sink's message came back
+    assert sorted(calls) == ["m0", "m1", "m1", "m2"]
+    assert all(d >= 1 for d in depth_at_sink), depth_at_sink  # still queued while its result went out
+    assert stats.acked == 3 and stats.redelivered == 1 and stats.dead_lettered == 0
+    assert broker.depth(queue) == 0
+
+
+def test_redelivered_failure_then_success(broker: Broker, queue: str, start_consumer: Any) -> None:
+    """A redeliverable failure (exit 1) is released, redelivered in a fresh sandbox, and then acked."""
+    broker.transport(queue).send(message(f'[ "$QUEUE_DELIVERY" -ge 3 ] || exit 1; {echo_job()}', id="flaky"))
+    stats = start_consumer(until=lambda s: s.acked >= 1, max_deliveries=5).join(60)
+    (result,) = wait_results(broker, queue, 1)
+    assert result["ok"] is True and result["result"] == {"id": "flaky", "delivery": 3}
+    assert stats.redelivered == 2 and stats.acked == 1 and stats.dead_lettered == 0
+    assert broker.dead(queue) == [] and broker.depth(queue) == 0
+
+
+def test_dead_letter_after_max_deliveries_and_on_permanent_failure(
+    broker: Broker, queue: str, start_consumer: Any
+) -> None:
+    """A job that always fails is dead-lettered after max_deliveries with the reason, the kind and the
+    output tail; a permanent exit code is dead-lettered on its first delivery."""
+    t = broker.transport(queue)
+    t.send(message("echo boom-out; echo boom-err >&2; exit 1", id="always"))
+    t.send(message("exit 7", id="perm", permanent_exit_codes=[7]))
+    stats = start_consumer(until=lambda s: s.dead_lettered >= 2, max_deliveries=2).join(60)
+    dead = {json.loads(d["body"])["id"]: d["why"] for d in broker.dead(queue)}
+    assert set(dead) == {"always", "perm"}
+    assert dead["always"]["kind"] == "exit_code" and dead["always"]["deliveries"] == 2
+    assert "gave up after 2 deliveries" in dead["always"]["reason"] and "boom-err" in dead["always"]["reason"]
+    assert "boom-out" in dead["always"]["stdout_tail"] and "boom-err" in dead["always"]["stderr_tail"]
+    assert dead["perm"]["kind"] == "permanent_exit_code" and dead["perm"]["deliveries"] == 1
+    assert stats.redelivered == 1 and broker.results(queue) == [] and broker.depth(queue) == 0
+
+
+def test_malformed_messages_are_dead_lettered_and_the_consumer_goes_on(
+    broker: Broker, queue: str, start_consumer: Any
+) -> None:
+    t = broker.transport(queue)
+    bad = {
+        "body": b"this is not json",
+        "format": json.dumps({"format": "celery/4", "command": "true"}).encode(),
+        "command": json.dumps({"command": 5}).encode(),
+        "colour": json.dumps({"command": "true", "colour": "red"}).encode(),
+        "options.timeout": json.dumps({"command": "true", "options": {"timeout": -1}}).encode(),
+        "options.key": json.dumps({"command": "true", "options": {"key": "x"}}).encode(),
+        "oversized": json.dumps({"command": "true", "input": "x" * 3000}).encode(),
+    }
+    for body in bad.values():
+        t.send(body)
+    t.send(message(echo_job(), id="good"))
+    stats = start_consumer(
+        until=lambda s: s.acked >= 1 and s.dead_lettered >= len(bad), max_message_bytes=2048
+    ).join(60)
+    fields = sorted(d["why"]["field"] for d in broker.dead(queue))
+    expected = ["body", "body", "colour", "command", "format", "options.key", "options.timeout"]
+    assert fields == expected
+    whys = [d["why"] for d in broker.dead(queue)]
+    assert all(w["kind"] == "malformed" and w["reason"].startswith(w["field"]) for w in whys), whys
+    assert any("over the 2048-byte limit" in w["reason"] for w in whys)
+    assert _ids([r["result"] for r in broker.results(queue)]) == ["good"]
+    assert stats.acked == 1 and broker.depth(queue) == 0
+
+
+def test_a_job_longer_than_the_lease_runs_once(
+    broker: Broker, queue: str, start_consumer: Any, local_server: LocalServer
+) -> None:
+    """Lease 1.5 s, job 5 s, a second consumer waiting for expired leases: the lease is extended, the
+    message is delivered once, one sandbox runs it."""
+    broker.transport(queue).send(message(echo_job(5), id="long"))
+    a = start_consumer(until=lambda s: s.acked >= 1, lease=1.5, concurrency=1)
+    wait_for("the job to start", lambda: a.consumer.stats.in_flight, timeout=30, interval=0.1)
+    b = start_consumer(lease=1.5, concurrency=1)
+    a.join(60)
+    b.consumer.stop()
+    b_stats = b.join(30)
+    (result,) = broker.results(queue)
+    assert result["result"] == {"id": "long", "delivery": 1}
+    assert b_stats.received == 0
+    assert broker.depth(queue) == 0
+
+
+def test_concurrency_cap(broker: Broker, queue: str, start_consumer: Any, local_server: LocalServer) -> None:
+    """Concurrency 2: never more than 2 live sandboxes of this queue, and every message done."""
+    t = broker.transport(queue)
+    for i in range(6):
+        t.send(message(echo_job(1), id=f"c{i}"))
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], len(live_sandboxes(local_server, job_workflow=queue)))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stats = start_consumer(until=lambda s: s.acked >= 6, concurrency=2).join(90)
+    done.set()
+    sampler.join(5)
+    assert 1 <= peak[0] <= 2, peak
+    assert stats.peak_in_flight == 2
+    assert _ids([r["result"] for r in broker.results(queue)]) == [f"c{i}" for i in range(6)]
+
+
+def test_two_consumers_share_the_work_each_message_once(
+    broker: Broker, queue: str, start_consumer: Any
+) -> None:
+    t = broker.transport(queue)
+    for i in range(8):
+        t.send(message(echo_job(0.5), id=f"s{i:02d}"))
+    total = lambda _s: sum(r.consumer.stats.acked for r in runs) >= 8  # noqa: E731
+    runs: list[Any] = []
+    runs.append(start_consumer(until=total, concurrency=2))
+    runs.append(start_consumer(until=total, concurrency=2))
+    stats = [r.join(90) for r in runs]
+    results = broker.results(queue)
+    assert _ids([r["result"] for r in results]) == [f"s{i:02d}" for i in range(8)]  # each once
+    assert all(r["delivery"] == 1 for r in results)
+    assert all(s.acked >= 1 for s in stats), [s.acked for s in stats]
+    assert broker.depth(queue) == 0
+
+
+def test_sigterm_drains(broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer) -> None:
+    """SIGTERM: no more pulls; the running job that fits the drain deadline finishes and is acked; the
+    one that does not is cancelled and released; what was never started stays queued."""
+    t = broker.transport(queue)
+    t.send(message(echo_job(2), id="short"))
+    t.send(message(echo_job(60), id="long"))
+    w = spawn_worker("--concurrency", "2", "--drain", "5")
+    wait_for(
+        "two running jobs",
+        lambda: len(live_sandboxes(local_server, job_workflow=queue)),
+        timeout=60,
+        interval=0.1,
+        check=lambda n: n == 2,
+    )
+    for i in range(3):
+        t.send(message(echo_job(), id=f"later{i}"))
+    started = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.text()
+    assert time.monotonic() - started < 15
+    assert [r["result"]["id"] for r in broker.results(queue)] == ["short"]
+    assert "stopped:" in w.text()
+    wait_for(
+        "the released and unstarted messages queued",
+        lambda: broker.depth(queue),
+        timeout=20,
+        check=lambda n: n == 4,
+    )
+    assert live_sandboxes(local_server, job_workflow=queue) == []
+
+
+def test_worker_sigkill_mid_job(
+    broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer
+) -> None:
+    """A SIGKILLed worker's message comes back to the next worker, runs once more, its result is
+    delivered once, and the killed attempt's sandbox is reaped."""
+    broker.transport(queue).send(message(echo_job(3), id="victim"))
+    first = spawn_worker("--concurrency", "1")
+    (orphan,) = wait_for(
+        "the job's sandbox", lambda: live_sandboxes(local_server, job_run="victim"), timeout=60, interval=0.1
+    )
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    assert live_sandboxes(local_server, job_run="victim")  # the killed worker's sandbox is left
+    second = spawn_worker("--concurrency", "1")
+    (result,) = wait_results(broker, queue, 1, timeout=90)
+    assert result["result"] == {"id": "victim", "delivery": 2}
+    wait_for(
+        "no sandbox of the message",
+        lambda: live_sandboxes(local_server, job_run="victim"),
+        timeout=30,
+        check=lambda sbs: sbs == [],
+    )
+    time.sleep(1)
+    second.signal(signal.SIGTERM)
+    assert second.wait(30) == 0
+    assert len(broker.results(queue)) == 1 and broker.depth(queue) == 0
+    assert orphan.id not in {sb.id for sb in local_server.client().sandboxes.list()}
+
+
+def test_broker_restart_mid_run(broker: Broker, queue: str, start_consumer: Any) -> None:
+    """The broker restarts while jobs run: the consumer reconnects and every message is done."""
+    if not broker.restartable:
+        pytest.skip("moto's SQS server keeps its queues in memory: a restart is a new, empty broker")
+    t = broker.transport(queue)
+    for i in range(4):
+        t.send(message(echo_job(2), id=f"r{i}"))
+    t.close()
+    run = start_consumer(until=lambda s: s.acked >= 4, concurrency=2)
+    wait_for("jobs running", lambda: run.consumer.stats.in_flight, timeout=30, interval=0.1)
+    pid = broker.group.get(broker.name).pid
+    broker.restart(down_seconds=3)  # longer than a job: finished jobs wait for the broker
+    assert broker.group.get(broker.name).pid != pid
+    stats = run.join(120)
+    assert stats.reconnects >= 1
+    assert set(_ids([r["result"] for r in broker.results(queue)])) == {f"r{i}" for i in range(4)}
+    assert broker.depth(queue) == 0
