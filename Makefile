@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e test-queue demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -123,6 +123,12 @@ test-soak: venvs
 # Installs what is missing; stops everything it started, whatever happens.
 test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
+
+# Queue workers (issue 28, docs/queues.md): the consumer on real Redis, PostgreSQL, RabbitMQ and
+# moto's SQS-compatible server, each started by the tests on loopback and free ports. Installs the
+# brokers (apt) and the queue extra when missing; stops everything it started, whatever happens.
+test-queue: venvs templates
+	tests/queue/run.sh $(PYTEST_ARGS)
 
 demo: venvs templates
 	$(AF)/bin/python -m demo

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from .consumer import Consumer, Sink, Stats, reply_sink
 from .message import FORMAT, MessageError, QueueJob, parse
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 SCHEMES = ("redis", "rediss", "postgresql", "postgres", "amqp", "amqps", "sqs")
 
@@ -46,6 +46,7 @@ __all__ = [
     "Consumer",
     "DeadLetter",
     "Delivery",
+    "LeaseLost",
     "MessageError",
     "QueueJob",
     "Sink",

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 
 from ..connection import ConnectionConfig
-from . import SCHEMES, BrokerUnavailable, Consumer, open_transport
+from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
 
 EXAMPLES = """brokers:
   redis://127.0.0.1:6379/0?stream=jobs&group=workers
@@ -65,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper() if args.command == "consume" else "WARNING", stream=sys.stderr
     )
+    if args.command != "consume" or args.log_level.upper() != "DEBUG":
+        logging.getLogger("pika").setLevel(logging.CRITICAL)  # it logs a traceback per failed connect
     if not args.broker:
         print("pandastack-jobs: give --broker URL (or set PANDASTACK_QUEUE_BROKER)", file=sys.stderr)
         return 2
@@ -86,10 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _consume(transport, args)
 
 
-def _send(transport: object, messages: list[str]) -> int:
-    from .transport import Transport
-
-    assert isinstance(transport, Transport)
+def _send(transport: Transport, messages: list[str]) -> int:
     lines = messages or [line for line in sys.stdin.read().splitlines() if line.strip()]
     for line in lines:
         transport.send(line.encode())
@@ -98,10 +97,7 @@ def _send(transport: object, messages: list[str]) -> int:
     return 0
 
 
-def _consume(transport: object, args: argparse.Namespace) -> int:
-    from .transport import Transport
-
-    assert isinstance(transport, Transport)
+def _consume(transport: Transport, args: argparse.Namespace) -> int:
     defaults: dict[str, object] = {}
     if args.template:
         defaults["template"] = args.template

@@ -26,7 +26,7 @@ from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger("pandastack_jobs.queue")
 
@@ -47,6 +47,7 @@ class Stats:
     dead_lettered: int = 0
     released_on_drain: int = 0
     reconnects: int = 0
+    leases_lost: int = 0
 
     def rate(self) -> float:
         """Acked messages per second since the start."""
@@ -247,9 +248,17 @@ class Consumer:
     def _settle_finished(self) -> None:
         while self._settle:
             work = self._settle[0]
-            if self._broker(functools.partial(self._settle_one, work), failed=False) is False:
+            if self._broker(functools.partial(self._settle_or_lost, work), failed=False) is False:
                 return  # the broker is down: keep it, settle after the reconnect
             self._settle.popleft()
+
+    def _settle_or_lost(self, work: _Work) -> bool:
+        try:
+            return self._settle_one(work)
+        except LeaseLost as exc:
+            logger.warning("message %s: lease lost before it was settled (%s)", work.delivery.message_id, exc)
+            self.stats.leases_lost += 1
+            return True
 
     def _settle_one(self, work: _Work) -> bool:
         d, outcome = work.delivery, work.outcome
@@ -301,8 +310,14 @@ class Consumer:
         if not self.transport.lease_seconds:
             return
         for work in list(self._running.values()):
-            if self._broker(functools.partial(self.transport.extend, work.delivery), failed=False) is False:
-                return
+            try:
+                if (
+                    self._broker(functools.partial(self.transport.extend, work.delivery), failed=False)
+                    is False
+                ):
+                    return
+            except LeaseLost as exc:
+                logger.warning("message %s: could not extend its lease (%s)", work.delivery.message_id, exc)
 
     def _cancel_running(self) -> None:
         for work in self._running.values():

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
@@ -80,11 +80,16 @@ class PostgresTransport(Transport):
             self._conn.close()
             self._conn = None
 
-    def _exec(self, query: sql.Composed | str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def _exec(
+        self, query: sql.Composed | str, params: tuple[Any, ...] = (), *, leased: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement; ``leased``: it must touch the delivery's row while the lease is ours."""
         if self._conn is None or self._conn.closed:
             raise BrokerUnavailable("PostgreSQL: not connected")
         try:
             cur = self._conn.execute(query, params)
+            if leased and cur.rowcount == 0:
+                raise LeaseLost("the row is gone or leased to another consumer")
             return cur.fetchall() if cur.description else []
         except psycopg.OperationalError as exc:
             self.close()
@@ -108,27 +113,31 @@ class PostgresTransport(Transport):
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
     def ack(self, delivery: Delivery) -> None:
-        self._exec(sql.SQL("DELETE FROM {t} WHERE id = %s AND lease = %s").format(t=self._t), delivery.handle)
+        self._exec(
+            sql.SQL("DELETE FROM {t} WHERE id = %s AND lease = %s").format(t=self._t),
+            delivery.handle,
+            leased=True,
+        )
 
     def release(self, delivery: Delivery, delay_seconds: float) -> None:
         query = sql.SQL(
             "UPDATE {t} SET lease = NULL, visible_at = now() + make_interval(secs => %s)"
             " WHERE id = %s AND lease = %s"
         ).format(t=self._t)
-        self._exec(query, (delay_seconds, *delivery.handle))
+        self._exec(query, (delay_seconds, *delivery.handle), leased=True)
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         query = sql.SQL(
             "WITH gone AS (DELETE FROM {t} WHERE id = %s AND lease = %s RETURNING queue, body)"
             " INSERT INTO {dead} (queue, message_id, body, why) SELECT queue, %s, body, %s::jsonb FROM gone"
         ).format(t=self._t, dead=self._dead)
-        self._exec(query, (*delivery.handle, delivery.message_id, why.to_json()))
+        self._exec(query, (*delivery.handle, delivery.message_id, why.to_json()), leased=True)
 
     def extend(self, delivery: Delivery) -> None:
         query = sql.SQL(
             "UPDATE {t} SET visible_at = now() + make_interval(secs => %s) WHERE id = %s AND lease = %s"
         ).format(t=self._t)
-        self._exec(query, (self.lease_seconds, *delivery.handle))
+        self._exec(query, (self.lease_seconds, *delivery.handle), leased=True)
 
     def reply(self, body: bytes) -> None:
         self._exec(

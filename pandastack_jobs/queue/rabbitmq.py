@@ -62,7 +62,7 @@ class RabbitMQTransport(Transport):
             args = {"x-queue-type": "quorum", "x-dead-letter-exchange": self.dlx}
             ch.queue_declare(self.name, durable=True, arguments=args)
         except _ERRORS as exc:
-            raise BrokerUnavailable(f"RabbitMQ at {_safe(self._url)}: {type(exc).__name__} {exc}") from None
+            raise BrokerUnavailable(f"RabbitMQ at {_safe(self._url)}: {_why(exc)}") from None
         self._conn, self._ch = conn, ch
         self._generation += 1
         self._delay_queues = set()
@@ -83,7 +83,7 @@ class RabbitMQTransport(Transport):
             return fn(*args, **kwargs)
         except _ERRORS as exc:
             self.close()
-            raise BrokerUnavailable(f"RabbitMQ at {_safe(self._url)}: {type(exc).__name__} {exc}") from None
+            raise BrokerUnavailable(f"RabbitMQ at {_safe(self._url)}: {_why(exc)}") from None
 
     def lost(self, delivery: Delivery) -> bool:
         return delivery.generation != self._generation
@@ -158,6 +158,12 @@ def dead_reason(headers: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a dead-lettered message carries (empty for a broker-side reject)."""
     raw = (headers or {}).get("x-pandastack-dead")
     return json.loads(raw) if raw else {}
+
+
+def _why(exc: BaseException) -> str:
+    """pika's errors often have no text of their own: the cause is their first argument."""
+    detail = str(exc) or (repr(exc.args[0]) if exc.args else "")
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 def _safe(url: str) -> str:

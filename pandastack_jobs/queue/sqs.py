@@ -20,7 +20,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 _ERRORS = (
     botocore.exceptions.EndpointConnectionError,
@@ -28,6 +28,9 @@ _ERRORS = (
     botocore.exceptions.ReadTimeoutError,
     botocore.exceptions.ConnectTimeoutError,
 )
+
+# A receipt handle that is stale (the visibility timeout ran out and someone else received it).
+_LOST_CODES = frozenset({"ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight"})
 
 
 class SQSTransport(Transport):
@@ -83,6 +86,10 @@ class SQSTransport(Transport):
             return getattr(self._client, op)(**kwargs)
         except _ERRORS as exc:
             raise BrokerUnavailable(f"SQS at {self._endpoint or self._region}: {exc}") from None
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _LOST_CODES:
+                raise LeaseLost(f"SQS {op}: {exc}") from None
+            raise
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         started = time.monotonic()

@@ -19,6 +19,11 @@ class BrokerUnavailable(ConnectionError):
     """The broker cannot be reached (or dropped the connection); the message says which and why."""
 
 
+class LeaseLost(Exception):
+    """The delivery is no longer ours (its lease ran out and another consumer took it, or the broker
+    forgot it): nothing to settle here; the broker redelivers it, or already has."""
+
+
 @dataclass
 class Delivery:
     """One delivery of one message. ``count`` is 1 on the first delivery, 2 on the next, ...

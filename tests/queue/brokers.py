@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.procs import ProcessGroup, free_port, port_open, run
+from tests.queue.proxy import Relay
 from tests.support.waiting import wait_for
 
 AWS_ENV = {
@@ -42,7 +43,6 @@ class Broker:
     """One running broker; subclasses start it and read its queues back."""
 
     name = ""
-    restartable = True
 
     def __init__(self, group: ProcessGroup) -> None:
         self.group = group
@@ -217,6 +217,7 @@ class RabbitMQ(Broker):
             f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n"
         )
         env = {
+            "E2E_RUN_DIR": str(group.run_dir),  # run.sh's leftover check finds them by it
             "PATH": "/usr/bin:/bin",
             "HOME": str(self.dir),
             "LANG": "C.UTF-8",
@@ -299,24 +300,30 @@ class RabbitMQ(Broker):
 
 
 class SQS(Broker):
-    """moto's server: SQS-compatible, in memory (a restart is a new, empty broker: not restartable)."""
+    """moto's server: SQS-compatible. It keeps its queues in memory (a restart would be a new, empty
+    broker), so :meth:`restart` is an outage instead: the consumer reaches moto through a
+    :class:`Relay` that drops every connection and refuses new ones while "down"."""
 
     name = "sqs"
-    restartable = False
 
     def __init__(self, group: ProcessGroup) -> None:
         super().__init__(group)
         os.environ.update(AWS_ENV)
-        self._start(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            env={**os.environ, **AWS_ENV},
-        )
+        self.moto_port = free_port()
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.moto_port)]
+        group.start("moto", argv, env={**os.environ, **AWS_ENV}, ports=[self.moto_port])
+        wait_for("moto to listen", lambda: port_open(self.moto_port), timeout=60, interval=0.2)
+        self.relay = Relay(self.port, self.moto_port)
         import boto3
 
-        self.client = boto3.client(
-            "sqs", endpoint_url=f"http://127.0.0.1:{self.port}", region_name="us-east-1"
-        )
+        endpoint = f"http://127.0.0.1:{self.moto_port}"
+        self.client = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
         self._seen: dict[str, list[dict[str, Any]]] = {}
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        self.relay.cut()
+        time.sleep(down_seconds)
+        self.relay.restore()
 
     def url(self, queue: str) -> str:
         return f"sqs://{queue}?endpoint_url=http://127.0.0.1:{self.port}&region=us-east-1&redrive_after=10"
