@@ -240,3 +240,53 @@ def test_broker_restart_mid_run(broker: Broker, queue: str, start_consumer: Any)
     assert stats.reconnects >= 1
     assert set(_ids([r["result"] for r in broker.results(queue)])) == {f"r{i}" for i in range(4)}
     assert broker.depth(queue) == 0
+
+
+class _Spy:
+    """The real transport, with its releases and receives recorded (every call goes to the broker)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.releases: list[float] = []
+        self.received_at: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def receive(self, n: int, wait: float) -> Any:
+        got = self.inner.receive(n, wait)
+        self.received_at.extend(time.monotonic() for _ in got)
+        return got
+
+    def release(self, delivery: Any, delay: float) -> None:
+        self.releases.append(delay)
+        self.inner.release(delivery, delay)
+
+
+def test_a_capacity_refusal_is_redelivered_no_sooner_than_retry_after(
+    broker: Broker, queue: str, make_local_server: Any
+) -> None:
+    """The server is full (max_sandboxes=1, held): the job is refused past the SDK's budget, the
+    message is released with a delay of at least the server's Retry-After (not --release-delay),
+    comes back no sooner, and runs once the server has room."""
+    from pandastack_jobs import ConnectionConfig
+    from pandastack_jobs.queue import Consumer
+
+    server = make_local_server(max_sandboxes=1)
+    holder = server.client().sandboxes.create(template="base", ttl_seconds=60)
+    broker.transport(queue).send(message(echo_job(), id="full"))
+    spy = _Spy(broker.transport(queue))
+    conn = ConnectionConfig(api_url=server.url, api_key=server.api_key, max_create_retry_seconds=0)
+    consumer = Consumer(spy, conn, defaults={"template": "base"}, release_delay=0.1, poll_seconds=0.2)  # type: ignore[arg-type]
+    released = threading.Thread(
+        target=lambda: (wait_for("a release", lambda: spy.releases, timeout=30, interval=0.05), holder.kill())
+    )
+    released.start()
+    stats = consumer.run(lambda s: s.acked >= 1)
+    released.join(10)
+    assert stats.redelivered == 1 and stats.acked == 1
+    (delay,) = spy.releases
+    assert delay >= 1.0  # the server's Retry-After, not the 0.1 s release delay
+    assert spy.received_at[1] - spy.received_at[0] >= delay - 0.05
+    (result,) = broker.results(queue)
+    assert result["result"] == {"id": "full", "delivery": 2}
