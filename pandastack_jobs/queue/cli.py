@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--template", help="default sandbox template (a message's options.template wins)")
     c.add_argument("--timeout", type=float, help="default job timeout in seconds")
     c.add_argument(
+        "--allow-template",
+        action="append",
+        dest="allowed_templates",
+        metavar="NAME",
+        help="a template messages may name (repeat; default: any); --template is always allowed",
+    )
+    c.add_argument(
         "--lease", type=float, default=60.0, help="visibility/claim timeout in seconds (default 60)"
     )
     c.add_argument("--max-deliveries", type=int, default=5, help="dead-letter after this many (default 5)")
@@ -112,6 +119,7 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         release_delay=args.release_delay,
         drain_seconds=args.drain,
+        allowed_templates=_allowed(args),
     )
     consumer.install_signal_handlers()
     done = threading.Event()
@@ -135,6 +143,12 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
         done.set()
     print(f"\npandastack-jobs: stopped: {stats.line()}", file=sys.stderr)
     return 0
+
+
+def _allowed(args: argparse.Namespace) -> set[str] | None:
+    if not args.allowed_templates:
+        return None
+    return {*args.allowed_templates, *([args.template] if args.template else [])}
 
 
 if __name__ == "__main__":

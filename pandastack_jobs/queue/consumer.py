@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +93,7 @@ class Consumer:
 
     ``defaults``: job options applied under each message's own (e.g. the template).
     ``max_deliveries``: a message delivered this many times without success is dead-lettered.
+    ``allowed_templates``: the only templates a message may name (None: any).
     ``release_delay``: the least delay before a redelivery (capacity refusals wait their
     ``Retry-After`` if longer). ``drain_seconds``: how long a stop waits for running jobs
     before cancelling them and releasing their messages.
@@ -111,6 +112,7 @@ class Consumer:
         release_delay: float = 1.0,
         drain_seconds: float = 30.0,
         poll_seconds: float = 1.0,
+        allowed_templates: Collection[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -126,6 +128,7 @@ class Consumer:
         self.release_delay = release_delay
         self.drain_seconds = drain_seconds
         self.poll_seconds = poll_seconds
+        self.allowed_templates = frozenset(allowed_templates) if allowed_templates is not None else None
         self.stats = Stats()
         self._stop = threading.Event()
         self._stop_at: float | None = None
@@ -197,7 +200,11 @@ class Consumer:
         self.stats.received += 1
         try:
             job = parse(
-                delivery.body, delivery.message_id, defaults=self.defaults, max_bytes=self.max_message_bytes
+                delivery.body,
+                delivery.message_id,
+                defaults=self.defaults,
+                max_bytes=self.max_message_bytes,
+                allowed_templates=self.allowed_templates,
             )
         except MessageError as exc:
             logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)

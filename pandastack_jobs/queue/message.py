@@ -11,16 +11,17 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import JobSpecError
 from ..options import coerce_options
-from ..spec import JobKey, JobSpec
+from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, JobKey, JobSpec
 
 FORMAT = "pandastack-job/1"
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_COLLECT = 8  # collected files a message may ask for (each up to max_file_bytes, in memory)
 FIELDS = frozenset({"format", "id", "command", "files", "input", "options", "tenant"})
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 # Options a message may not set: the consumer owns the key (it names the delivery attempt).
@@ -75,11 +76,16 @@ def parse(
     *,
     defaults: Mapping[str, Any] | None = None,
     max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    allowed_templates: Collection[str] | None = None,
 ) -> QueueJob:
     """Read one message body; raise :class:`MessageError` naming the field on anything wrong.
 
     ``defaults`` are job options the consumer applies (e.g. the template); the
-    message's own ``options`` win. ``broker_id`` is used when the message has no ``id``.
+    message's own ``options`` win, except that a message may lower but never raise the
+    bounds on what the consumer reads back into its own memory (``max_result_bytes``,
+    ``max_file_bytes``, the number of ``collect`` paths): the producer may be a tenant.
+    ``allowed_templates``: the only templates a message may run on (None: any).
+    ``broker_id`` is used when the message has no ``id``.
     """
     if len(body) > max_bytes:
         raise MessageError("body", f"is {len(body)} bytes, over the {max_bytes}-byte limit")
@@ -110,12 +116,33 @@ def parse(
     for name in sorted(_RESERVED_OPTIONS & set(options)):
         raise MessageError(f"options.{name}", "is set by the consumer, not the message")
     try:
-        merged = coerce_options({**dict(defaults or {}), **options})
+        floor = coerce_options(dict(defaults or {}))
+        merged = coerce_options({**floor, **options})
     except JobSpecError as exc:
         raise MessageError(f"options.{exc.field}", f"{exc.problem}; {exc.fix}") from None
+    _check_bounds(merged, floor, allowed_templates)
     job = QueueJob(message_id, command, _files(doc.get("files", {})), doc.get("input"), merged, tenant)
     job.spec("check", 1)  # every remaining check of the job, before any sandbox exists
     return job
+
+
+def _check_bounds(
+    merged: Mapping[str, Any], floor: Mapping[str, Any], allowed_templates: Collection[str] | None
+) -> None:
+    for name, default in (("max_result_bytes", MAX_RESULT_BYTES), ("max_file_bytes", MAX_FILE_BYTES)):
+        ceiling = floor.get(name, default)
+        value = merged.get(name, ceiling)
+        if isinstance(value, int) and value > ceiling:
+            raise MessageError(f"options.{name}", f"{value} is over this consumer's limit of {ceiling} bytes")
+    collect = merged.get("collect") or ()
+    if len(collect) > MAX_COLLECT:
+        raise MessageError("options.collect", f"has {len(collect)} paths, over the limit of {MAX_COLLECT}")
+    template = merged.get("template", DEFAULT_TEMPLATE)
+    if allowed_templates is not None and template not in allowed_templates:
+        raise MessageError(
+            "options.template",
+            f"{template!r} is not allowed here (allowed: {', '.join(sorted(allowed_templates))})",
+        )
 
 
 def _files(value: Any) -> dict[str, bytes | str]:

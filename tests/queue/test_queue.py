@@ -89,6 +89,10 @@ def test_malformed_messages_are_dead_lettered_and_the_consumer_goes_on(
         "colour": json.dumps({"command": "true", "colour": "red"}).encode(),
         "options.timeout": json.dumps({"command": "true", "options": {"timeout": -1}}).encode(),
         "options.key": json.dumps({"command": "true", "options": {"key": "x"}}).encode(),
+        # a tenant's message may not make the consumer read more into its own memory
+        "options.max_result_bytes": json.dumps(
+            {"command": "true", "options": {"max_result_bytes": 10**12}}
+        ).encode(),
         "oversized": json.dumps({"command": "true", "input": "x" * 3000}).encode(),
     }
     for body in bad.values():
@@ -98,7 +102,16 @@ def test_malformed_messages_are_dead_lettered_and_the_consumer_goes_on(
         until=lambda s: s.acked >= 1 and s.dead_lettered >= len(bad), max_message_bytes=2048
     ).join(60)
     fields = sorted(d["why"]["field"] for d in broker.dead(queue))
-    expected = ["body", "body", "colour", "command", "format", "options.key", "options.timeout"]
+    expected = [
+        "body",
+        "body",
+        "colour",
+        "command",
+        "format",
+        "options.key",
+        "options.max_result_bytes",
+        "options.timeout",
+    ]
     assert fields == expected
     whys = [d["why"] for d in broker.dead(queue)]
     assert all(w["kind"] == "malformed" and w["reason"].startswith(w["field"]) for w in whys), whys

@@ -72,3 +72,32 @@ def test_an_oversized_message_is_refused_before_it_is_read() -> None:
     with pytest.raises(MessageError, match="over the 100-byte limit") as err:
         parse(_body(command="true", input="x" * 200), "b1", max_bytes=100)
     assert err.value.field == "body"
+
+
+@pytest.mark.parametrize(
+    ("options", "defaults", "field"),
+    [
+        ({"max_result_bytes": 10**10}, {}, "options.max_result_bytes"),
+        ({"max_file_bytes": 2048}, {"max_file_bytes": 1024}, "options.max_file_bytes"),
+        ({"collect": [f"f{i}" for i in range(9)]}, {}, "options.collect"),
+        ({"template": "code-interpreter"}, {"template": "base"}, "options.template"),
+    ],
+)
+def test_a_message_cannot_raise_the_consumers_bounds(
+    options: dict[str, Any], defaults: dict[str, Any], field: str
+) -> None:
+    """The producer may be a tenant: it may not make the consumer read more into its memory, nor
+    pick a template outside the allowed ones."""
+    with pytest.raises(MessageError) as err:
+        parse(_body(command="true", options=options), "b1", defaults=defaults, allowed_templates={"base"})
+    assert err.value.field == field, str(err.value)
+
+
+def test_a_message_may_lower_the_bounds() -> None:
+    job = parse(
+        _body(command="true", options={"max_result_bytes": 100, "template": "base"}),
+        "b1",
+        defaults={"max_result_bytes": 1000},
+        allowed_templates={"base"},
+    )
+    assert job.spec("q", 1).max_result_bytes == 100
