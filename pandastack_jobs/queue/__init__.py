@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from .consumer import Consumer, Sink, Stats, reply_sink
+from .consumer import Consumer, Sink, Stats, batch_done, reply_sink
 from .message import FORMAT, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -52,6 +52,7 @@ __all__ = [
     "Sink",
     "Stats",
     "Transport",
+    "batch_done",
     "open_transport",
     "parse",
     "reply_sink",

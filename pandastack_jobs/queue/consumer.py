@@ -48,16 +48,35 @@ class Stats:
     released_on_drain: int = 0
     reconnects: int = 0
     leases_lost: int = 0
+    last_activity: float = field(default_factory=time.monotonic)
+    """When a message was last received or settled (for :func:`batch_done`)."""
 
     def rate(self) -> float:
         """Acked messages per second since the start."""
         return self.acked / max(time.monotonic() - self.started, 1e-9)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters, JSON-safe (an engine's task result)."""
+        names = ("received", "acked", "redelivered", "dead_lettered", "released_on_drain", "reconnects")
+        return {name: getattr(self, name) for name in (*names, "leases_lost")}
 
     def line(self) -> str:
         return (
             f"in flight {self.in_flight}  acked {self.acked}  redelivered {self.redelivered}  "
             f"dead-lettered {self.dead_lettered}  {self.rate():.2f} msg/s"
         )
+
+
+def batch_done(max_messages: int, idle_seconds: float) -> Callable[[Stats], bool]:
+    """A :meth:`Consumer.run` stop condition for a batch (an engine task): stop pulling once
+    ``max_messages`` were received, or once nothing ran and nothing came for ``idle_seconds``."""
+
+    def done(stats: Stats) -> bool:
+        if stats.received >= max_messages:
+            return True
+        return stats.in_flight == 0 and time.monotonic() - stats.last_activity >= idle_seconds
+
+    return done
 
 
 def reply_sink(transport: Transport) -> Sink:
@@ -198,6 +217,7 @@ class Consumer:
 
     def _start(self, delivery: Delivery) -> None:
         self.stats.received += 1
+        self.stats.last_activity = time.monotonic()
         try:
             job = parse(
                 delivery.body,
@@ -258,6 +278,7 @@ class Consumer:
             if self._broker(functools.partial(self._settle_or_lost, work), failed=False) is False:
                 return  # the broker is down: keep it, settle after the reconnect
             self._settle.popleft()
+            self.stats.last_activity = time.monotonic()
 
     def _settle_or_lost(self, work: _Work) -> bool:
         try:
