@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from .consumer import Consumer, Sink, Stats, batch_done, reply_sink
+from .consumer import Consumer, Runner, Sink, Stats, batch_done, reply_sink
 from .message import FORMAT, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -49,6 +49,7 @@ __all__ = [
     "LeaseLost",
     "MessageError",
     "QueueJob",
+    "Runner",
     "Sink",
     "Stats",
     "Transport",

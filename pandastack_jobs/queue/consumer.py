@@ -9,6 +9,7 @@ reconnects and settles what finished meanwhile.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import logging
@@ -25,6 +26,7 @@ from typing import Any
 from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
+from ..spec import JobSpec
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -32,6 +34,9 @@ logger = logging.getLogger("pandastack_jobs.queue")
 
 Sink = Callable[[QueueJob, Delivery, JobOutcome], None]
 """Takes a successful job's result out (raise to leave the message for redelivery)."""
+Runner = Callable[[QueueJob, JobSpec, Callable[[], JobOutcome]], JobOutcome]
+"""Wraps the run of one message's job (``run()`` is the :func:`run_job` call), e.g. as an engine's
+task run; it returns the outcome ``run()`` returned."""
 
 
 @dataclass
@@ -113,6 +118,8 @@ class Consumer:
     ``defaults``: job options applied under each message's own (e.g. the template).
     ``max_deliveries``: a message delivered this many times without success is dead-lettered.
     ``allowed_templates``: the only templates a message may name (None: any).
+    ``runner``: wraps each job's run (an engine's task run); jobs run in the context (contextvars)
+    of the thread that called :meth:`run`, so an engine's run context reaches them.
     ``release_delay``: the least delay before a redelivery (capacity refusals wait their
     ``Retry-After`` if longer). ``drain_seconds``: how long a stop waits for running jobs
     before cancelling them and releasing their messages.
@@ -132,6 +139,7 @@ class Consumer:
         drain_seconds: float = 30.0,
         poll_seconds: float = 1.0,
         allowed_templates: Collection[str] | None = None,
+        runner: Runner | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -148,6 +156,7 @@ class Consumer:
         self.drain_seconds = drain_seconds
         self.poll_seconds = poll_seconds
         self.allowed_templates = frozenset(allowed_templates) if allowed_templates is not None else None
+        self.runner = runner
         self.stats = Stats()
         self._stop = threading.Event()
         self._stop_at: float | None = None
@@ -199,6 +208,9 @@ class Consumer:
                 else:
                     self._wait_done(0.2)
         finally:
+            # Leaving with jobs still running (the broker stayed down through a stop): cancel
+            # them; their messages were never acked and come back to the next consumer.
+            self._cancel_running()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self.transport.close()
         return self.stats
@@ -241,18 +253,22 @@ class Consumer:
         self._running[id(work)] = work
         self.stats.in_flight = len(self._running)
         self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
-        self._pool.submit(self._run_one, work)
+        self._pool.submit(contextvars.copy_context().run, self._run_one, work)
 
     def _run_one(self, work: _Work) -> None:
         try:
             spec = work.job.spec(self.transport.name, work.delivery.count)
-            client = self.connection.client()
-            try:
-                work.outcome = run_job(client, spec, handle=work.handle)
-            finally:
-                close = getattr(client, "close", None)
-                if callable(close):
-                    close()
+
+            def run() -> JobOutcome:
+                client = self.connection.client()
+                try:
+                    return run_job(client, spec, handle=work.handle)
+                finally:
+                    close = getattr(client, "close", None)
+                    if callable(close):
+                        close()
+
+            work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
         except Exception as exc:  # a bug here must not lose the message
             logger.exception("job of message %s raised", work.job.message_id)
             work.outcome = JobOutcome(
@@ -370,8 +386,11 @@ class Consumer:
                 logger.info("broker reconnected")
                 return failed
             except BrokerUnavailable as exc:
-                if self._stop.is_set() and self._stop_at is not None and time.monotonic() > self._stop_at:
-                    raise
+                if self._stop.is_set():
+                    if self._stop_at is None:
+                        self._stop_at = time.monotonic() + self.drain_seconds
+                    if time.monotonic() > self._stop_at:
+                        raise
                 logger.debug("still unavailable: %s", exc)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

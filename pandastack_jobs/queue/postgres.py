@@ -65,7 +65,7 @@ class PostgresTransport(Transport):
     def connect(self) -> None:
         self.close()
         try:
-            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=3)
+            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=10)
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._table,))
                 conn.execute(

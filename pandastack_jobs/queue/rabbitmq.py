@@ -37,7 +37,7 @@ class RabbitMQTransport(Transport):
         self.name = query.pop("queue", "pandastack-jobs")
         query.setdefault("heartbeat", "30")
         query.setdefault("connection_attempts", "1")
-        query.setdefault("socket_timeout", "3")
+        query.setdefault("socket_timeout", "10")
         self._url = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
         self.dlx, self.dead_queue, self.reply_queue = (
             f"{self.name}.dlx",

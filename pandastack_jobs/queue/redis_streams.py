@@ -56,7 +56,7 @@ class RedisStreamsTransport(Transport):
 
     def connect(self) -> None:
         self.close()
-        r = redis.Redis.from_url(self._url, socket_connect_timeout=3, socket_timeout=10)
+        r = redis.Redis.from_url(self._url, socket_connect_timeout=10, socket_timeout=10)
         try:
             try:
                 r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
@@ -91,9 +91,10 @@ class RedisStreamsTransport(Transport):
         r = self._redis()
         self._call(self._promote, keys=[self.stream, self._delayed], args=[time.time()])
         lease_ms = int((self.lease_seconds or 60) * 1000)
-        _, claimed, _ = self._call(
+        # [next id, entries] (Redis 6.2), [next id, entries, deleted ids] (Redis 7)
+        claimed = self._call(
             r.xautoclaim, self.stream, self.group, self.consumer, lease_ms, "0-0", count=max_messages
-        )
+        )[1]
         out = [self._delivery(eid, fields, claimed=True) for eid, fields in claimed if fields]
         if len(out) < max_messages:
             got = self._call(

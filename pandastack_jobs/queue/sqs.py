@@ -51,7 +51,7 @@ class SQSTransport(Transport):
         self.urls: dict[str, str] = {}
 
     def connect(self) -> None:
-        config = botocore.config.Config(connect_timeout=3, read_timeout=25, retries={"max_attempts": 2})
+        config = botocore.config.Config(connect_timeout=10, read_timeout=25, retries={"max_attempts": 2})
         client = boto3.client("sqs", region_name=self._region, endpoint_url=self._endpoint, config=config)
         try:
             dead = self._ensure(client, f"{self.name}-dead", {})

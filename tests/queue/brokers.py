@@ -70,12 +70,18 @@ class Broker:
         proc.stop(grace=30)
         self.group.procs.remove(proc)
 
-    def restart(self, down_seconds: float = 0.0) -> None:
-        """Stop the broker (its clean shutdown), stay down ``down_seconds``, start it again on the
-        same port and data."""
+    def down(self) -> None:
+        """Stop the broker (its clean shutdown); :meth:`up` starts it again on the same port and data."""
         self.stop()
-        time.sleep(down_seconds)
+
+    def up(self) -> None:
         self._start(self._argv, **self._start_kw)
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        """Down for ``down_seconds``, then up again."""
+        self.down()
+        time.sleep(down_seconds)
+        self.up()
 
     def url(self, queue: str) -> str:
         raise NotImplementedError
@@ -249,9 +255,9 @@ class RabbitMQ(Broker):
     def url(self, queue: str) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F?queue={queue}"
 
-    def restart(self, down_seconds: float = 0.0) -> None:
+    def down(self) -> None:
         self._conn = None
-        super().restart(down_seconds)
+        super().down()
 
     def _channel(self) -> Any:
         import pika
@@ -320,9 +326,10 @@ class SQS(Broker):
         self.client = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
         self._seen: dict[str, list[dict[str, Any]]] = {}
 
-    def restart(self, down_seconds: float = 0.0) -> None:
+    def down(self) -> None:
         self.relay.cut()
-        time.sleep(down_seconds)
+
+    def up(self) -> None:
         self.relay.restore()
 
     def url(self, queue: str) -> str:

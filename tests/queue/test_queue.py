@@ -303,3 +303,37 @@ def test_a_capacity_refusal_is_redelivered_no_sooner_than_retry_after(
     assert spy.received_at[1] - spy.received_at[0] >= delay - 0.05
     (result,) = broker.results(queue)
     assert result["result"] == {"id": "full", "delivery": 2}
+
+
+def test_sigterm_while_the_broker_is_down(
+    broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer
+) -> None:
+    """SIGTERM with the broker gone: the worker still leaves within its drain deadline (exit 3,
+    saying so), its running job cancelled (no sandbox left); the unacked message is done by the
+    next worker once the broker is back."""
+    broker.transport(queue).send(message(echo_job(8), id="stranded"))
+    w = spawn_worker("--concurrency", "1", "--drain", "2")
+    wait_for(
+        "the job's sandbox",
+        lambda: live_sandboxes(local_server, job_run="stranded"),
+        timeout=60,
+        interval=0.1,
+    )
+    broker.down()
+    try:
+        # The worker is in its reconnect loop before the signal comes (the case that once hung).
+        wait_for("the worker to notice", lambda: "broker unavailable" in w.text(), timeout=30, interval=0.1)
+        started = time.monotonic()
+        w.signal(signal.SIGTERM)
+        assert w.wait(30) == 3, w.text()
+        assert time.monotonic() - started < 15
+        assert "lost the broker while stopping" in w.text()
+        assert live_sandboxes(local_server, job_run="stranded") == []
+    finally:
+        broker.up()
+    t = broker.transport(queue)
+    t.send(message(echo_job(), id="after"))
+    spawn_worker("--concurrency", "2")
+    results = wait_results(broker, queue, 2, timeout=90)
+    by_id = {r["result"]["id"]: r["result"]["delivery"] for r in results}
+    assert by_id["after"] == 1 and by_id["stranded"] >= 2, by_id
