@@ -377,10 +377,11 @@ KINDS: dict[str, type[Broker]] = {"redis": Redis, "postgres": Postgres, "rabbitm
 
 
 def run_dir() -> Path:
-    """The run directory ``tests/queue/run.sh`` made (its leftover check reads it), or a fresh one."""
-    path = os.environ.get("QUEUE_RUN_DIR") or os.environ.get("E2E_RUN_DIR")
-    if path:
-        return Path(path)
+    """A fresh directory for this pytest process's brokers, inside the one ``tests/queue/run.sh``
+    made when it runs (its cleanup reads every ``*/pgids`` there), else in /tmp."""
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix="pandastack-queue-"))
+    base = os.environ.get("QUEUE_RUN_DIR")
+    path = Path(tempfile.mkdtemp(prefix="brokers-", dir=base))
+    path.chmod(0o755)  # the brokers run as their own users (postgres, rabbitmq)
+    return path

@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 AF=${AF:-$REPO/.venv-airflow}
+PF=${PF:-$REPO/.venv-prefect}
 START=$(date +%s)
 
 need_apt=()
@@ -25,6 +26,10 @@ if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/de
   echo "test-queue: installing the queue extra into $AF"
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
 fi
+if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/dev/null; then
+  echo "test-queue: installing the queue extra into $PF"
+  "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,test,queue]'
+fi
 
 RUN_DIR=$(mktemp -d /tmp/pandastack-queue.XXXXXX)
 chmod 755 "$RUN_DIR"
@@ -34,16 +39,15 @@ echo "test-queue: run directory (broker logs and data) $RUN_DIR"
 cleanup() {
   rc=$?
   trap - EXIT INT TERM
-  if [ -f "$RUN_DIR/pgids" ]; then
-    while read -r pgid name; do
-      if kill -0 -- "-$pgid" 2>/dev/null; then
-        echo "test-queue: cleanup: killing leftover process group $pgid ($name)"
-        kill -TERM -- "-$pgid" 2>/dev/null || true
-      fi
-    done <"$RUN_DIR/pgids"
-    sleep 1
-    while read -r pgid _; do kill -KILL -- "-$pgid" 2>/dev/null || true; done <"$RUN_DIR/pgids"
-  fi
+  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
+  while read -r pgid name; do
+    if kill -0 -- "-$pgid" 2>/dev/null; then
+      echo "test-queue: cleanup: killing leftover process group $pgid ($name)"
+      kill -TERM -- "-$pgid" 2>/dev/null || true
+    fi
+  done <"$RUN_DIR/all-pgids"
+  sleep 1
+  while read -r pgid _; do kill -KILL -- "-$pgid" 2>/dev/null || true; done <"$RUN_DIR/all-pgids"
   left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
 import os, sys
 from tests.support.procs import listening_ports, pids, read_proc
@@ -73,4 +77,17 @@ PY
 }
 trap cleanup EXIT INT TERM
 
-"$AF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue tests/unit/test_queue_message.py "$@"
+# The core and the Airflow operator in the Airflow venv, the Prefect flow in the Prefect venv
+# (each pytest process starts its own brokers), side by side.
+"$AF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue tests/unit/test_queue_message.py \
+  tests/airflow/test_airflow_queue.py "$@" &
+af=$!
+"$PF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/prefect/test_prefect_queue.py "$@" \
+  >"$RUN_DIR/prefect-pytest.log" 2>&1 &
+pf=$!
+rc=0
+wait "$af" || rc=$?
+wait "$pf" || rc=$?
+echo "test-queue: the Prefect venv's run:"
+cat "$RUN_DIR/prefect-pytest.log"
+exit "$rc"
