@@ -240,14 +240,14 @@ class Consumer:
             )
         except MessageError as exc:
             logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
-            self._dead(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
             return
         if delivery.count > self.max_deliveries:
             reason = (
                 f"delivered {delivery.count} times, over max_deliveries={self.max_deliveries}: "
                 "earlier deliveries ended without a result (a worker died with it each time)"
             )
-            self._dead(delivery, DeadLetter(reason, "max_deliveries", None, delivery.count))
+            self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, delivery.count))
             return
         work = _Work(delivery, job)
         self._running[id(work)] = work
@@ -347,6 +347,16 @@ class Consumer:
     def _dead(self, delivery: Delivery, why: DeadLetter) -> None:
         self.transport.dead_letter(delivery, why)
         self.stats.dead_lettered += 1
+
+    def _dead_at_once(self, delivery: Delivery, why: DeadLetter) -> None:
+        """Dead-letter a message that never ran; if the broker is down meanwhile, the message is
+        left leased and is dead-lettered on its next delivery."""
+        try:
+            self._broker(functools.partial(self._dead, delivery, why))
+        except LeaseLost as exc:
+            logger.warning(
+                "message %s: lease lost before it was dead-lettered (%s)", delivery.message_id, exc
+            )
 
     # -- leases, drain, broker outages -----------------------------------------------------------
 

@@ -337,3 +337,21 @@ def test_sigterm_while_the_broker_is_down(
     results = wait_results(broker, queue, 2, timeout=90)
     by_id = {r["result"]["id"]: r["result"]["delivery"] for r in results}
     assert by_id["after"] == 1 and by_id["stranded"] >= 2, by_id
+
+
+def test_a_message_delivered_past_max_deliveries_is_dead_lettered_before_it_runs(
+    broker: Broker, queue: str, start_consumer: Any, local_server: LocalServer
+) -> None:
+    """A message whose earlier deliveries left no outcome (a worker died with it each time) is
+    dead-lettered on arrival once its delivery count is past max_deliveries, without a sandbox."""
+    t = broker.transport(queue)
+    t.send(message(echo_job(), id="crasher"))
+    for _ in range(2):  # two deliveries that end without an outcome, as a dying worker's do
+        (d,) = wait_for("a delivery", lambda: t.receive(1, 0.5), timeout=30, interval=0.1)
+        t.release(d, 0)
+    stats = start_consumer(until=lambda s: s.dead_lettered >= 1, max_deliveries=2).join(60)
+    (dead,) = broker.dead(queue)
+    assert dead["why"]["kind"] == "max_deliveries" and dead["why"]["deliveries"] == 3, dead["why"]
+    assert "over max_deliveries=2" in dead["why"]["reason"]
+    assert stats.acked == 0 and broker.results(queue) == [] and broker.depth(queue) == 0
+    assert live_sandboxes(local_server, job_run="crasher") == []
