@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e test-queue demo bench clean
+.PHONY: help venvs templates runsc lint typecheck test test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -52,16 +52,14 @@ NO_GVISOR := --ignore=tests/local/test_gvisor.py
 # process. Each passes in a process of its own; the cause is not pinned down yet.
 EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
-# The queue files need the brokers: make test-queue runs them.
-QUEUE_ENGINE_TESTS := --ignore=tests/airflow/test_airflow_queue.py --ignore=tests/prefect/test_prefect_queue.py
 test-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) $(QUEUE_ENGINE_TESTS) \
+	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/airflow $(NO_GVISOR) \
 		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
 test-prefect: venvs templates
-	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(NO_GVISOR) $(QUEUE_ENGINE_TESTS) $(PYTEST_ARGS)
+	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
 
 # The local server's suites once more with the server run as an unprivileged user, created here
 # (root only; a non-root developer's server is already unprivileged). docs/local-server.md says
@@ -127,8 +125,11 @@ test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
 
 # Queue workers (issue 28, docs/queues.md): the consumer on real Redis, PostgreSQL, RabbitMQ and
-# moto's SQS-compatible server, each started by the tests on loopback and free ports. Installs the
-# brokers (apt) and the queue extra when missing; stops everything it started, whatever happens.
+# moto's SQS-compatible server, each started by the tests on loopback and free ports, with the
+# Airflow operator (tests/queue/airflow, Airflow venv) and the Prefect flow (tests/queue/prefect,
+# Prefect venv) side by side. Installs the brokers (apt) and the queue extra when missing; stops
+# everything it started, whatever happens.
+.PHONY: test-queue
 test-queue: venvs templates
 	tests/queue/run.sh $(PYTEST_ARGS)
 

@@ -79,10 +79,10 @@ trap cleanup EXIT INT TERM
 
 # The core and the Airflow operator in the Airflow venv, the Prefect flow in the Prefect venv
 # (each pytest process starts its own brokers), side by side.
-"$AF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue tests/unit/test_queue_message.py \
-  tests/airflow/test_airflow_queue.py "$@" &
+"$AF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue --ignore=tests/queue/prefect \
+  tests/unit/core/test_queue_message.py "$@" &
 af=$!
-"$PF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/prefect/test_prefect_queue.py "$@" \
+"$PF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue/prefect "$@" \
   >"$RUN_DIR/prefect-pytest.log" 2>&1 &
 pf=$!
 rc=0

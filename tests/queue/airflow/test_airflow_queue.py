@@ -10,14 +10,7 @@ from airflow.sdk import DAG
 from airflow_provider.operators.queue import PandaStackQueueOperator
 from e2e.procs import free_port
 from tests.queue.brokers import Broker
-from tests.queue.conftest import (  # noqa: F401 - the broker fixtures
-    _brokers,
-    broker,
-    broker_group,
-    echo_job,
-    message,
-    queue,
-)
+from tests.queue.conftest import echo_job, message
 from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
@@ -26,8 +19,8 @@ START = pendulum.datetime(2024, 1, 1, tz="UTC")
 def test_a_batch_acks_after_results_redelivers_and_dead_letters(
     airflow_env,
     local_server,
-    broker: Broker,  # noqa: F811 - the fixture imported above
-    queue,  # noqa: F811
+    broker: Broker,
+    queue,
 ):
     t = broker.transport(queue)
     t.send(message(echo_job(), id="good"))

@@ -11,14 +11,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect_blocks import PandaStackCredentials
 from prefect_blocks.queue import consume_queue
 from tests.queue.brokers import Broker
-from tests.queue.conftest import (  # noqa: F401 - the broker fixtures
-    _brokers,
-    broker,
-    broker_group,
-    echo_job,
-    message,
-    queue,
-)
+from tests.queue.conftest import echo_job, message
 
 
 async def _task_runs(flow_run_id: Any) -> list[Any]:
@@ -31,8 +24,8 @@ async def _task_runs(flow_run_id: Any) -> list[Any]:
 def test_each_message_is_a_task_run_acked_after_it_completed(
     local_server: Any,
     credentials: PandaStackCredentials,
-    broker: Broker,  # noqa: F811 - the fixture imported above
-    queue: str,  # noqa: F811
+    broker: Broker,
+    queue: str,
 ) -> None:
     t = broker.transport(queue)
     t.send(message(echo_job(), id="good"))
