@@ -134,6 +134,15 @@ test-reliability: venvs templates
 test-soak: venvs
 	$(MAKE) test-reliability RELIABILITY_MARK="reliability and slow"
 
+# Queue workers (issue 28, docs/queues.md): the consumer on real Redis, PostgreSQL, RabbitMQ and
+# moto's SQS-compatible server, each started by the tests on loopback and free ports, with the
+# Airflow operator (tests/queue/airflow, Airflow venv) and the Prefect flow (tests/queue/prefect,
+# Prefect venv) side by side. Installs the brokers (apt) and the queue extra when missing; stops
+# everything it started, whatever happens.
+.PHONY: test-queue
+test-queue: venvs templates
+	tests/queue/run.sh $(PYTEST_ARGS)
+
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
 # Installs what is missing; stops everything it started, whatever happens.

@@ -134,6 +134,7 @@ def test_example_dags_parse_without_db_or_connection_access(
     assert bag.import_errors == {}
     assert no_db_or_connections == []
     assert set(bag.dags) == {
+        "pandastack_queue_worker",
         "pandastack_scheduled_report",
         "pandastack_tenant_transforms",
         "pandastack_warm_fork_batch",

@@ -1,0 +1,155 @@
+"""``pandastack-jobs consume`` and ``pandastack-jobs send``: a queue worker for users with a broker
+and no engine.
+
+The PandaStack server and key come from the SDK's environment
+(``PANDASTACK_API``, ``PANDASTACK_API_KEY``), never from the command line, so
+the key shows in no process list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+
+from ..connection import ConnectionConfig
+from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
+
+EXAMPLES = """brokers:
+  redis://127.0.0.1:6379/0?stream=jobs&group=workers
+  postgresql://user@127.0.0.1:5432/db?queue=jobs&table=pandastack_queue
+  amqp://guest:guest@127.0.0.1:5672/%2F?queue=jobs
+  sqs://jobs?region=eu-west-1                (endpoint_url=... for an SQS-compatible server)
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pandastack-jobs", epilog=EXAMPLES, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser(
+        "consume", help="run one sandbox per message; ack after the result is out", epilog=EXAMPLES
+    )
+    c.add_argument("--broker", default=os.environ.get("PANDASTACK_QUEUE_BROKER"), help="broker URL")
+    c.add_argument("--concurrency", type=int, default=4, help="jobs running at once (default 4)")
+    c.add_argument("--template", help="default sandbox template (a message's options.template wins)")
+    c.add_argument("--timeout", type=float, help="default job timeout in seconds")
+    c.add_argument(
+        "--allow-template",
+        action="append",
+        dest="allowed_templates",
+        metavar="NAME",
+        help="a template messages may name (repeat; default: any); --template is always allowed",
+    )
+    c.add_argument(
+        "--lease", type=float, default=60.0, help="visibility/claim timeout in seconds (default 60)"
+    )
+    c.add_argument("--max-deliveries", type=int, default=5, help="dead-letter after this many (default 5)")
+    c.add_argument("--release-delay", type=float, default=1.0, help="least redelivery delay, s (default 1)")
+    c.add_argument(
+        "--drain", type=float, default=30.0, help="SIGTERM: seconds to let jobs finish (default 30)"
+    )
+    c.add_argument(
+        "--max-message-bytes", type=int, default=1024 * 1024, help="larger messages are dead-lettered"
+    )
+    c.add_argument("--progress-every", type=float, default=None, help="seconds between progress lines")
+    c.add_argument("--quiet", action="store_true", help="no progress line")
+    c.add_argument("--log-level", default="WARNING")
+    s = sub.add_parser(
+        "send", help="enqueue messages: each argument, or each line of stdin, is one JSON message"
+    )
+    s.add_argument("--broker", default=os.environ.get("PANDASTACK_QUEUE_BROKER"), help="broker URL")
+    s.add_argument("messages", nargs="*")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper() if args.command == "consume" else "WARNING", stream=sys.stderr
+    )
+    if args.command != "consume" or args.log_level.upper() != "DEBUG":
+        logging.getLogger("pika").setLevel(logging.CRITICAL)  # it logs a traceback per failed connect
+    if not args.broker:
+        print("pandastack-jobs: give --broker URL (or set PANDASTACK_QUEUE_BROKER)", file=sys.stderr)
+        return 2
+    try:
+        transport = open_transport(args.broker, getattr(args, "lease", 60.0))
+    except ValueError as exc:
+        print(f"pandastack-jobs: --broker: {exc} ({', '.join(SCHEMES)})", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"pandastack-jobs: {exc}: pip install 'pandastack-workflows[queue]'", file=sys.stderr)
+        return 2
+    try:
+        transport.connect()
+    except BrokerUnavailable as exc:
+        print(f"pandastack-jobs: cannot reach the broker: {exc}", file=sys.stderr)
+        return 3
+    if args.command == "send":
+        return _send(transport, args.messages)
+    return _consume(transport, args)
+
+
+def _send(transport: Transport, messages: list[str]) -> int:
+    lines = messages or [line for line in sys.stdin.read().splitlines() if line.strip()]
+    for line in lines:
+        transport.send(line.encode())
+    transport.close()
+    print(f"sent {len(lines)} message(s) to {transport.name}", file=sys.stderr)
+    return 0
+
+
+def _consume(transport: Transport, args: argparse.Namespace) -> int:
+    defaults: dict[str, object] = {}
+    if args.template:
+        defaults["template"] = args.template
+    if args.timeout:
+        defaults["timeout"] = args.timeout
+    consumer = Consumer(
+        transport,
+        ConnectionConfig(),
+        concurrency=args.concurrency,
+        max_deliveries=args.max_deliveries,
+        defaults=defaults,
+        max_message_bytes=args.max_message_bytes,
+        release_delay=args.release_delay,
+        drain_seconds=args.drain,
+        allowed_templates=_allowed(args),
+    )
+    consumer.install_signal_handlers()
+    done = threading.Event()
+    if not args.quiet:
+        tty = sys.stderr.isatty()
+        every = args.progress_every or (1.0 if tty else 10.0)
+
+        def progress() -> None:
+            while not done.wait(every):
+                end = "\r" if tty else "\n"
+                sys.stderr.write(f"pandastack-jobs: {consumer.stats.line()}{end}")
+                sys.stderr.flush()
+
+        threading.Thread(target=progress, daemon=True, name="progress").start()
+    try:
+        stats = consumer.run()
+    except BrokerUnavailable as exc:
+        print(f"\npandastack-jobs: lost the broker while stopping: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        done.set()
+    print(f"\npandastack-jobs: stopped: {stats.line()}", file=sys.stderr)
+    return 0
+
+
+def _allowed(args: argparse.Namespace) -> set[str] | None:
+    if not args.allowed_templates:
+        return None
+    return {*args.allowed_templates, *([args.template] if args.template else [])}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""The queue consumer: one ``run_job`` per message, acked only after its result is out.
+
+One thread (the loop) owns the transport: it receives, extends leases, and
+settles each finished job (result to the sink, then ack; or release for
+redelivery; or dead-letter). Jobs run on a pool of ``concurrency`` threads that
+talk only to PandaStack, so a broker outage never stops a running job: the loop
+reconnects and settles what finished meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import queue as queue_mod
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..connection import ConnectionConfig
+from ..lifecycle import JobHandle, run_job
+from ..outcome import FailureKind, JobOutcome
+from ..spec import JobSpec
+from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+
+logger = logging.getLogger("pandastack_jobs.queue")
+
+Sink = Callable[[QueueJob, Delivery, JobOutcome], None]
+"""Takes a successful job's result out (raise to leave the message for redelivery)."""
+Runner = Callable[[QueueJob, JobSpec, Callable[[], JobOutcome]], JobOutcome]
+"""Wraps the run of one message's job (``run()`` is the :func:`run_job` call), e.g. as an engine's
+task run; it returns the outcome ``run()`` returned."""
+
+
+@dataclass
+class Stats:
+    """Counters for the progress line and the tests."""
+
+    started: float = field(default_factory=time.monotonic)
+    received: int = 0
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    released_on_drain: int = 0
+    reconnects: int = 0
+    leases_lost: int = 0
+    last_activity: float = field(default_factory=time.monotonic)
+    """When a message was last received or settled (for :func:`batch_done`)."""
+
+    def rate(self) -> float:
+        """Acked messages per second since the start."""
+        return self.acked / max(time.monotonic() - self.started, 1e-9)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters, JSON-safe (an engine's task result)."""
+        names = ("received", "acked", "redelivered", "dead_lettered", "released_on_drain", "reconnects")
+        return {name: getattr(self, name) for name in (*names, "leases_lost")}
+
+    def line(self) -> str:
+        return (
+            f"in flight {self.in_flight}  acked {self.acked}  redelivered {self.redelivered}  "
+            f"dead-lettered {self.dead_lettered}  {self.rate():.2f} msg/s"
+        )
+
+
+def batch_done(max_messages: int, idle_seconds: float) -> Callable[[Stats], bool]:
+    """A :meth:`Consumer.run` stop condition for a batch (an engine task): stop pulling once
+    ``max_messages`` were received, or once nothing ran and nothing came for ``idle_seconds``."""
+
+    def done(stats: Stats) -> bool:
+        if stats.received >= max_messages:
+            return True
+        return stats.in_flight == 0 and time.monotonic() - stats.last_activity >= idle_seconds
+
+    return done
+
+
+def reply_sink(transport: Transport) -> Sink:
+    """The default sink: a JSON reply on the transport's reply destination, carrying the message id
+    (so a reader can drop the rare duplicate of a result whose ack was lost)."""
+
+    def sink(job: QueueJob, delivery: Delivery, outcome: JobOutcome) -> None:
+        body = {
+            "id": job.message_id,
+            "ok": True,
+            "result": outcome.result,
+            "delivery": delivery.count,
+            "sandbox_id": outcome.sandbox_id,
+            "timings": outcome.timings.as_dict(),
+        }
+        transport.reply(json.dumps(body).encode())
+
+    return sink
+
+
+@dataclass
+class _Work:
+    delivery: Delivery
+    job: QueueJob
+    handle: JobHandle = field(default_factory=JobHandle)
+    drained: bool = False
+    outcome: JobOutcome | None = None
+    replied: bool = False
+
+
+class Consumer:
+    """Consume ``transport`` until :meth:`stop` (or SIGTERM with :meth:`install_signal_handlers`).
+
+    ``defaults``: job options applied under each message's own (e.g. the template).
+    ``max_deliveries``: a message delivered this many times without success is dead-lettered.
+    ``allowed_templates``: the only templates a message may name (None: any).
+    ``runner``: wraps each job's run (an engine's task run); jobs run in the context (contextvars)
+    of the thread that called :meth:`run`, so an engine's run context reaches them.
+    ``release_delay``: the least delay before a redelivery (capacity refusals wait their
+    ``Retry-After`` if longer). ``drain_seconds``: how long a stop waits for running jobs
+    before cancelling them and releasing their messages.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        connection: ConnectionConfig | None = None,
+        *,
+        sink: Sink | None = None,
+        concurrency: int = 4,
+        max_deliveries: int = 5,
+        defaults: Mapping[str, Any] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        release_delay: float = 1.0,
+        drain_seconds: float = 30.0,
+        poll_seconds: float = 1.0,
+        allowed_templates: Collection[str] | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+        self.transport = transport
+        self.connection = connection or ConnectionConfig()
+        self.sink = sink or reply_sink(transport)
+        self.concurrency = concurrency
+        self.max_deliveries = max_deliveries
+        self.defaults = dict(defaults or {})
+        self.max_message_bytes = max_message_bytes
+        self.release_delay = release_delay
+        self.drain_seconds = drain_seconds
+        self.poll_seconds = poll_seconds
+        self.allowed_templates = frozenset(allowed_templates) if allowed_templates is not None else None
+        self.runner = runner
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self._stop_at: float | None = None
+        self._done: queue_mod.Queue[_Work] = queue_mod.Queue()
+        self._settle: deque[_Work] = deque()
+        self._running: dict[int, _Work] = {}
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pandastack-queue")
+
+    # -- control ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop pulling; running jobs get ``drain_seconds`` to finish (safe from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT drain (call from the main thread)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[Stats], bool] | None = None) -> Stats:
+        """Consume until stopped (or ``until(stats)`` holds), drain, and return the counters."""
+        next_extend = time.monotonic()
+        try:
+            self.transport.connect()  # an unreachable broker at the start is an error, not a wait
+            while True:
+                if until is not None and not self._stop.is_set() and until(self.stats):
+                    self.stop()
+                self._collect()
+                self._broker(self.transport.heartbeat)
+                self._settle_finished()
+                if self._stop.is_set():
+                    if self._stop_at is None:
+                        self._stop_at = time.monotonic() + self.drain_seconds
+                        logger.info("stopping: %d job(s) running, draining", len(self._running))
+                    if not self._running and not self._settle:
+                        break
+                    if time.monotonic() >= self._stop_at:
+                        self._cancel_running()
+                if time.monotonic() >= next_extend:
+                    self._extend_leases()
+                    next_extend = time.monotonic() + self._extend_interval()
+                free = self.concurrency - len(self._running)
+                if free > 0 and not self._stop.is_set():
+                    wait = 0.2 if self._running else self.poll_seconds
+                    for delivery in self._broker(functools.partial(self.transport.receive, free, wait)) or []:
+                        self._start(delivery)
+                else:
+                    self._wait_done(0.2)
+        finally:
+            # Leaving with jobs still running (the broker stayed down through a stop): cancel
+            # them; their messages were never acked and come back to the next consumer.
+            self._cancel_running()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.transport.close()
+        return self.stats
+
+    def _extend_interval(self) -> float:
+        lease = self.transport.lease_seconds
+        return max(0.5, lease / 3) if lease else 30.0
+
+    def _wait_done(self, timeout: float) -> None:
+        try:
+            self._done.put(self._done.get(timeout=timeout))
+        except queue_mod.Empty:
+            pass
+
+    # -- starting a message ----------------------------------------------------------------------
+
+    def _start(self, delivery: Delivery) -> None:
+        self.stats.received += 1
+        self.stats.last_activity = time.monotonic()
+        try:
+            job = parse(
+                delivery.body,
+                delivery.message_id,
+                defaults=self.defaults,
+                max_bytes=self.max_message_bytes,
+                allowed_templates=self.allowed_templates,
+            )
+        except MessageError as exc:
+            logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
+            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            return
+        if delivery.count > self.max_deliveries:
+            reason = (
+                f"delivered {delivery.count} times, over max_deliveries={self.max_deliveries}: "
+                "earlier deliveries ended without a result (a worker died with it each time)"
+            )
+            self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, delivery.count))
+            return
+        work = _Work(delivery, job)
+        self._running[id(work)] = work
+        self.stats.in_flight = len(self._running)
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
+        self._pool.submit(contextvars.copy_context().run, self._run_one, work)
+
+    def _run_one(self, work: _Work) -> None:
+        try:
+            spec = work.job.spec(self.transport.name, work.delivery.count)
+
+            def run() -> JobOutcome:
+                client = self.connection.client()
+                try:
+                    return run_job(client, spec, handle=work.handle)
+                finally:
+                    close = getattr(client, "close", None)
+                    if callable(close):
+                        close()
+
+            work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
+        except Exception as exc:  # a bug here must not lose the message
+            logger.exception("job of message %s raised", work.job.message_id)
+            work.outcome = JobOutcome(
+                ok=False, kind=FailureKind.SERVER_ERROR, reason=f"consumer error: {exc}"
+            )
+        self._done.put(work)
+
+    # -- settling finished jobs ------------------------------------------------------------------
+
+    def _collect(self) -> None:
+        while True:
+            try:
+                work = self._done.get_nowait()
+            except queue_mod.Empty:
+                return
+            self._running.pop(id(work), None)
+            self.stats.in_flight = len(self._running)
+            self._settle.append(work)
+
+    def _settle_finished(self) -> None:
+        while self._settle:
+            work = self._settle[0]
+            if self._broker(functools.partial(self._settle_or_lost, work), failed=False) is False:
+                return  # the broker is down: keep it, settle after the reconnect
+            self._settle.popleft()
+            self.stats.last_activity = time.monotonic()
+
+    def _settle_or_lost(self, work: _Work) -> bool:
+        try:
+            return self._settle_one(work)
+        except LeaseLost as exc:
+            logger.warning("message %s: lease lost before it was settled (%s)", work.delivery.message_id, exc)
+            self.stats.leases_lost += 1
+            return True
+
+    def _settle_one(self, work: _Work) -> bool:
+        d, outcome = work.delivery, work.outcome
+        assert outcome is not None
+        if self.transport.lost(d):
+            logger.info("message %s: its connection was lost; the broker redelivers it", d.message_id)
+            self.stats.redelivered += 1
+            return True
+        if work.drained or (self._stop.is_set() and outcome.kind is FailureKind.CANCELLED):
+            self.transport.release(d, 0)
+            self.stats.released_on_drain += 1
+            return True
+        if outcome.ok:
+            if not work.replied:
+                try:
+                    self.sink(work.job, d, outcome)
+                except BrokerUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the result is not out: redeliver
+                    logger.warning("message %s: result sink failed (%s); redelivering", d.message_id, exc)
+                    self.transport.release(d, self.release_delay)
+                    self.stats.redelivered += 1
+                    return True
+                work.replied = True
+            self.transport.ack(d)
+            self.stats.acked += 1
+            return True
+        kind = outcome.kind.value if outcome.kind else "unknown"
+        if outcome.redeliver and d.count < self.max_deliveries:
+            delay = max(self.release_delay, outcome.retry_after or 0.0)
+            logger.info("message %s: %s; redelivering in %.1fs", d.message_id, outcome.reason, delay)
+            self.transport.release(d, delay)
+            self.stats.redelivered += 1
+            return True
+        reason = outcome.reason
+        if outcome.redeliver:
+            reason = f"gave up after {d.count} deliveries (max_deliveries={self.max_deliveries}): {reason}"
+        tails = {"stdout_tail": outcome.stdout_tail[-2000:], "stderr_tail": outcome.stderr_tail[-2000:]}
+        self._dead(d, DeadLetter(reason, kind, None, d.count, **tails))
+        return True
+
+    def _dead(self, delivery: Delivery, why: DeadLetter) -> None:
+        self.transport.dead_letter(delivery, why)
+        self.stats.dead_lettered += 1
+
+    def _dead_at_once(self, delivery: Delivery, why: DeadLetter) -> None:
+        """Dead-letter a message that never ran; if the broker is down meanwhile, the message is
+        left leased and is dead-lettered on its next delivery."""
+        try:
+            self._broker(functools.partial(self._dead, delivery, why))
+        except LeaseLost as exc:
+            logger.warning(
+                "message %s: lease lost before it was dead-lettered (%s)", delivery.message_id, exc
+            )
+
+    # -- leases, drain, broker outages -----------------------------------------------------------
+
+    def _extend_leases(self) -> None:
+        if not self.transport.lease_seconds:
+            return
+        for work in list(self._running.values()):
+            try:
+                if (
+                    self._broker(functools.partial(self.transport.extend, work.delivery), failed=False)
+                    is False
+                ):
+                    return
+            except LeaseLost as exc:
+                logger.warning("message %s: could not extend its lease (%s)", work.delivery.message_id, exc)
+
+    def _cancel_running(self) -> None:
+        for work in self._running.values():
+            if not work.drained:
+                logger.info("drain deadline: cancelling the job of message %s", work.job.message_id)
+                work.drained = True
+                work.handle.cancel()
+
+    def _broker(self, op: Callable[[], Any], failed: Any = None) -> Any:
+        """Run a transport call; on :class:`BrokerUnavailable`, reconnect with backoff (jobs keep
+        running) and return ``failed``."""
+        try:
+            return op()
+        except BrokerUnavailable as exc:
+            logger.warning("broker unavailable: %s; reconnecting", exc)
+        delay = 0.2
+        while True:
+            self._collect()
+            try:
+                self.transport.connect()
+                self.stats.reconnects += 1
+                logger.info("broker reconnected")
+                return failed
+            except BrokerUnavailable as exc:
+                if self._stop.is_set():
+                    if self._stop_at is None:
+                        self._stop_at = time.monotonic() + self.drain_seconds
+                    if time.monotonic() > self._stop_at:
+                        raise
+                logger.debug("still unavailable: %s", exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,161 @@
+"""PostgreSQL: a table queue taken with ``FOR UPDATE SKIP LOCKED``, leased by a column.
+
+A receive stamps each row with a fresh lease token and ``visible_at = now() +
+lease``; ack, release, extend and dead-letter act only while the token is still
+the row's, so a consumer whose lease ran out cannot settle a row someone else
+now holds. Rows whose lease expired (a killed worker) are taken again, their
+``deliveries`` counting up. Tables: ``<table>``, ``<table>_dead``, ``<table>_results``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+
+_TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {t} (
+    id bigserial PRIMARY KEY,
+    queue text NOT NULL,
+    message_id text,
+    body bytea NOT NULL,
+    deliveries integer NOT NULL DEFAULT 0,
+    visible_at timestamptz NOT NULL DEFAULT now(),
+    lease uuid,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS {ix} ON {t} (queue, visible_at, id);
+CREATE TABLE IF NOT EXISTS {dead} (
+    id bigserial PRIMARY KEY, queue text NOT NULL, message_id text NOT NULL, body bytea NOT NULL,
+    why jsonb NOT NULL, dead_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {results} (
+    id bigserial PRIMARY KEY, queue text NOT NULL, body bytea NOT NULL, at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+class PostgresTransport(Transport):
+    """``postgresql://user@host:port/db?queue=jobs&table=pandastack_queue``."""
+
+    def __init__(self, url: str, lease_seconds: float = 60.0) -> None:
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.name = query.pop("queue", "pandastack-jobs")
+        table = query.pop("table", "pandastack_queue")
+        if not _TABLE.match(table):
+            raise ValueError(f"table={table!r}: use a lower-case SQL name, e.g. pandastack_queue")
+        self.lease_seconds = lease_seconds
+        self._url = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
+        self._t = sql.Identifier(table)
+        self._dead = sql.Identifier(f"{table}_dead")
+        self._results = sql.Identifier(f"{table}_results")
+        self._ix = sql.Identifier(f"{table}_ready")
+        self._table = table
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> None:
+        self.close()
+        try:
+            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._table,))
+                conn.execute(
+                    sql.SQL(_SCHEMA).format(t=self._t, ix=self._ix, dead=self._dead, results=self._results)
+                )
+        except psycopg.OperationalError as exc:
+            raise BrokerUnavailable(f"PostgreSQL at {_safe(self._url)}: {_first_line(exc)}") from None
+        self._conn = conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _exec(
+        self, query: sql.Composed | str, params: tuple[Any, ...] = (), *, leased: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement; ``leased``: it must touch the delivery's row while the lease is ours."""
+        if self._conn is None or self._conn.closed:
+            raise BrokerUnavailable("PostgreSQL: not connected")
+        try:
+            cur = self._conn.execute(query, params)
+            if leased and cur.rowcount == 0:
+                raise LeaseLost("the row is gone or leased to another consumer")
+            return cur.fetchall() if cur.description else []
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise BrokerUnavailable(f"PostgreSQL at {_safe(self._url)}: {_first_line(exc)}") from None
+
+    def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        query = sql.SQL(
+            "UPDATE {t} SET deliveries = deliveries + 1, lease = gen_random_uuid(),"
+            " visible_at = now() + make_interval(secs => %s)"
+            " WHERE id IN (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
+            "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+            " RETURNING id, coalesce(message_id, id::text), body, deliveries, lease"
+        ).format(t=self._t)
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            rows = self._exec(query, (self.lease_seconds, self.name, max_messages))
+            if rows or time.monotonic() >= deadline:
+                return [
+                    Delivery(mid, bytes(body), n, handle=(rid, lease)) for rid, mid, body, n, lease in rows
+                ]
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+    def ack(self, delivery: Delivery) -> None:
+        self._exec(
+            sql.SQL("DELETE FROM {t} WHERE id = %s AND lease = %s").format(t=self._t),
+            delivery.handle,
+            leased=True,
+        )
+
+    def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        query = sql.SQL(
+            "UPDATE {t} SET lease = NULL, visible_at = now() + make_interval(secs => %s)"
+            " WHERE id = %s AND lease = %s"
+        ).format(t=self._t)
+        self._exec(query, (delay_seconds, *delivery.handle), leased=True)
+
+    def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
+        query = sql.SQL(
+            "WITH gone AS (DELETE FROM {t} WHERE id = %s AND lease = %s RETURNING queue, body)"
+            " INSERT INTO {dead} (queue, message_id, body, why) SELECT queue, %s, body, %s::jsonb FROM gone"
+        ).format(t=self._t, dead=self._dead)
+        self._exec(query, (*delivery.handle, delivery.message_id, why.to_json()), leased=True)
+
+    def extend(self, delivery: Delivery) -> None:
+        query = sql.SQL(
+            "UPDATE {t} SET visible_at = now() + make_interval(secs => %s) WHERE id = %s AND lease = %s"
+        ).format(t=self._t)
+        self._exec(query, (self.lease_seconds, *delivery.handle), leased=True)
+
+    def reply(self, body: bytes) -> None:
+        self._exec(
+            sql.SQL("INSERT INTO {r} (queue, body) VALUES (%s, %s)").format(r=self._results),
+            (self.name, body),
+        )
+
+    def send(self, body: bytes, message_id: str | None = None) -> None:
+        query = sql.SQL("INSERT INTO {t} (queue, message_id, body) VALUES (%s, %s, %s)").format(t=self._t)
+        self._exec(query, (self.name, message_id, body))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _safe(url: str) -> str:
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}{parts.hostname or ''}{port}", query=""))

@@ -1,0 +1,146 @@
+"""Amazon SQS through boto3: visibility timeout as the lease, ``ChangeMessageVisibility`` to extend
+it or to delay a redelivery, ``DeleteMessage`` as the ack, a DLQ with a redrive policy.
+
+``ApproximateReceiveCount`` is the delivery count. The redrive policy's
+``maxReceiveCount`` is a backstop for a message that kills every consumer
+before it can be dead-lettered with a reason; the consumer dead-letters first
+(with the reason) when the policy is ``max_deliveries + 1``. Tested against
+moto's server, not against AWS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+
+_ERRORS = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+)
+
+# A receipt handle that is stale (the visibility timeout ran out and someone else received it).
+_LOST_CODES = frozenset({"ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight"})
+
+
+class SQSTransport(Transport):
+    """``sqs://QUEUE?region=eu-west-1&endpoint_url=http://127.0.0.1:4566&redrive_after=6``.
+
+    Creates ``QUEUE``, ``QUEUE-dead`` and ``QUEUE-results`` when missing.
+    """
+
+    def __init__(self, url: str, lease_seconds: float = 60.0) -> None:
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.name = parts.netloc or parts.path.strip("/") or "pandastack-jobs"
+        self.lease_seconds = lease_seconds
+        self._endpoint = query.get("endpoint_url")
+        self._region = query.get("region", "us-east-1")
+        self._redrive_after = int(query.get("redrive_after", "10"))
+        self._client: Any = None
+        self.urls: dict[str, str] = {}
+
+    def connect(self) -> None:
+        config = botocore.config.Config(connect_timeout=10, read_timeout=25, retries={"max_attempts": 2})
+        client = boto3.client("sqs", region_name=self._region, endpoint_url=self._endpoint, config=config)
+        try:
+            dead = self._ensure(client, f"{self.name}-dead", {})
+            arn = client.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"][
+                "QueueArn"
+            ]
+            policy = {"deadLetterTargetArn": arn, "maxReceiveCount": str(self._redrive_after)}
+            attrs = {
+                "VisibilityTimeout": str(math.ceil(self.lease_seconds or 30)),
+                "RedrivePolicy": json.dumps(policy),
+            }
+            self.urls = {
+                "queue": self._ensure(client, self.name, attrs),
+                "dead": dead,
+                "results": self._ensure(client, f"{self.name}-results", {}),
+            }
+        except (*_ERRORS, botocore.exceptions.NoCredentialsError) as exc:
+            raise BrokerUnavailable(f"SQS at {self._endpoint or self._region}: {exc}") from None
+        self._client = client
+
+    @staticmethod
+    def _ensure(client: Any, name: str, attrs: dict[str, str]) -> str:
+        try:
+            return str(client.get_queue_url(QueueName=name)["QueueUrl"])
+        except client.exceptions.QueueDoesNotExist:
+            return str(client.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"])
+
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        if self._client is None:
+            raise BrokerUnavailable("SQS: not connected")
+        try:
+            return getattr(self._client, op)(**kwargs)
+        except _ERRORS as exc:
+            raise BrokerUnavailable(f"SQS at {self._endpoint or self._region}: {exc}") from None
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _LOST_CODES:
+                raise LeaseLost(f"SQS {op}: {exc}") from None
+            raise
+
+    def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        started = time.monotonic()
+        got = self._call(
+            "receive_message",
+            QueueUrl=self.urls["queue"],
+            MaxNumberOfMessages=max(1, min(max_messages, 10)),
+            WaitTimeSeconds=min(20, int(wait_seconds)) if wait_seconds >= 1 else 0,
+            VisibilityTimeout=math.ceil(self.lease_seconds or 30),
+            AttributeNames=["ApproximateReceiveCount"],
+        )
+        out = [
+            Delivery(
+                m["MessageId"],
+                m["Body"].encode(),
+                int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+                handle=m["ReceiptHandle"],
+            )
+            for m in got.get("Messages", [])
+        ]
+        if not out and wait_seconds < 1:
+            time.sleep(max(0.0, wait_seconds - (time.monotonic() - started)))
+        return out
+
+    def ack(self, delivery: Delivery) -> None:
+        self._call("delete_message", QueueUrl=self.urls["queue"], ReceiptHandle=delivery.handle)
+
+    def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        self._call(
+            "change_message_visibility",
+            QueueUrl=self.urls["queue"],
+            ReceiptHandle=delivery.handle,
+            VisibilityTimeout=min(43200, math.ceil(delay_seconds)),
+        )
+
+    def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
+        attrs = {
+            "reason": {"DataType": "String", "StringValue": why.reason[:4000] or "-"},
+            "kind": {"DataType": "String", "StringValue": why.kind},
+            "message_id": {"DataType": "String", "StringValue": delivery.message_id},
+            "why": {"DataType": "String", "StringValue": why.to_json()[:200_000]},
+        }
+        body = delivery.body.decode("utf-8", "replace") or "-"
+        self._call("send_message", QueueUrl=self.urls["dead"], MessageBody=body, MessageAttributes=attrs)
+        self.ack(delivery)
+
+    def extend(self, delivery: Delivery) -> None:
+        self.release(delivery, self.lease_seconds or 30)
+
+    def reply(self, body: bytes) -> None:
+        self._call("send_message", QueueUrl=self.urls["results"], MessageBody=body.decode())
+
+    def send(self, body: bytes, message_id: str | None = None) -> None:
+        self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=body.decode("utf-8", "replace"))

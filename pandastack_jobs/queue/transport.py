@@ -1,0 +1,116 @@
+"""What the consumer needs from a broker: leased receive, ack, delayed release, dead-letter, lease
+extension, a delivery count, and a reply destination.
+
+Every transport is driven from one thread (the consumer's loop), so a client
+that is not thread-safe (pika's BlockingConnection) is fine. A transport raises
+:class:`BrokerUnavailable` when the broker cannot be reached; the consumer then
+reconnects with backoff and keeps its running jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker cannot be reached (or dropped the connection); the message says which and why."""
+
+
+class LeaseLost(Exception):
+    """The delivery is no longer ours (its lease ran out and another consumer took it, or the broker
+    forgot it): nothing to settle here; the broker redelivers it, or already has."""
+
+
+@dataclass
+class Delivery:
+    """One delivery of one message. ``count`` is 1 on the first delivery, 2 on the next, ...
+
+    ``message_id`` is the broker's stable id of the message (the same on every
+    delivery); ``handle`` is whatever the transport needs to ack it.
+    """
+
+    message_id: str
+    body: bytes
+    count: int
+    handle: Any = None
+    generation: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Why a message went to the dead-letter destination; stored with the original body."""
+
+    reason: str
+    kind: str
+    field: str | None = None
+    deliveries: int = 0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "kind": self.kind,
+            "field": self.field,
+            "deliveries": self.deliveries,
+            "stdout_tail": self.stdout_tail,
+            "stderr_tail": self.stderr_tail,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())
+
+
+class Transport(ABC):
+    """One queue on one broker. ``name`` names the queue in job keys and logs."""
+
+    name: str
+    # How long a receive holds a message before the broker may hand it to someone else
+    # (None: held until the connection ends, as RabbitMQ does).
+    lease_seconds: float | None
+
+    @abstractmethod
+    def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        """Up to ``max_messages`` deliveries, each leased to this consumer; waits at most ``wait_seconds``."""
+
+    @abstractmethod
+    def ack(self, delivery: Delivery) -> None:
+        """The message is done: remove it for good."""
+
+    @abstractmethod
+    def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        """Give the message back for redelivery after at least ``delay_seconds``."""
+
+    @abstractmethod
+    def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
+        """Move the message, with ``why``, to the dead-letter destination (then it is gone here)."""
+
+    @abstractmethod
+    def extend(self, delivery: Delivery) -> None:
+        """Renew the lease of a message still being worked on."""
+
+    @abstractmethod
+    def reply(self, body: bytes) -> None:
+        """Publish a result to the queue's reply destination."""
+
+    def connect(self) -> None:  # noqa: B027 - optional
+        """(Re)connect; called after :class:`BrokerUnavailable`. Raises it again if still down."""
+
+    def heartbeat(self) -> None:  # noqa: B027 - optional
+        """Called on every turn of the loop: service the connection (RabbitMQ's heartbeats)."""
+
+    @abstractmethod
+    def send(self, body: bytes, message_id: str | None = None) -> None:
+        """Enqueue a message (the producer's side: the examples, the tests, ``pandastack-jobs send``)."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release the connection."""
+
+    def lost(self, delivery: Delivery) -> bool:
+        """True when ``delivery`` came over a connection that has since been lost: it cannot be
+        acked any more and the broker will redeliver it."""
+        return False

@@ -1,0 +1,387 @@
+"""The real brokers of the queue tests, started from nothing on loopback and free ports.
+
+Redis (with AOF, so a restart keeps the stream), PostgreSQL, RabbitMQ (its own
+epmd, as the ``rabbitmq`` user) and moto's SQS-compatible server, each under
+the run's :class:`e2e.procs.ProcessGroup`, which logs them and records their
+process groups for ``tests/queue/run.sh`` to kill whatever is left. Each broker
+also reads back what the consumer wrote (results, dead letters, depth) with its
+own client library.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e.procs import ProcessGroup, free_port, port_open, run
+from tests.queue.proxy import Relay
+from tests.support.waiting import wait_for
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _pg_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        raise AssertionError(f"PostgreSQL's {name} not found: run `make test-queue` (it installs postgresql)")
+    return found[-1]
+
+
+class Broker:
+    """One running broker; subclasses start it and read its queues back."""
+
+    name = ""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+        self.port = free_port()
+        self.dir = group.run_dir / self.name
+        self.dir.mkdir(mode=0o755)
+        self._start_kw: dict[str, Any] = {}
+
+    def _start(self, argv: list[str], **kw: Any) -> None:
+        self._argv, self._start_kw = argv, kw
+        self.group.start(self.name, argv, ports=[self.port], **kw)
+        wait_for(
+            f"{self.name} to listen",
+            lambda: port_open(self.port) and self.ready(),
+            timeout=90,
+            interval=0.2,
+            on_timeout=lambda: self.group.get(self.name).tail(),
+        )
+
+    def ready(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        proc = self.group.get(self.name)
+        proc.stop(grace=30)
+        self.group.procs.remove(proc)
+
+    def down(self) -> None:
+        """Stop the broker (its clean shutdown); :meth:`up` starts it again on the same port and data."""
+        self.stop()
+
+    def up(self) -> None:
+        self._start(self._argv, **self._start_kw)
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        """Down for ``down_seconds``, then up again."""
+        self.down()
+        time.sleep(down_seconds)
+        self.up()
+
+    def url(self, queue: str) -> str:
+        raise NotImplementedError
+
+    def transport(self, queue: str, lease: float = 60.0) -> Any:
+        from pandastack_jobs.queue import open_transport
+
+        t = open_transport(self.url(queue), lease)
+        t.connect()
+        return t
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        """Every reply so far (decoded JSON), oldest first."""
+        raise NotImplementedError
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        """Every dead letter so far: ``{"body": bytes, "why": {...}}``."""
+        raise NotImplementedError
+
+    def depth(self, queue: str) -> int:
+        """Messages still in the queue (waiting, delayed or leased)."""
+        raise NotImplementedError
+
+
+class Redis(Broker):
+    name = "redis"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        super().__init__(group)
+        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self._start(
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.dir),
+                "--protected-mode",
+                "yes",
+            ]
+        )
+        import redis
+
+        self.r = redis.Redis(port=self.port)
+
+    def url(self, queue: str) -> str:
+        return f"redis://127.0.0.1:{self.port}/0?stream={queue}&group=workers"
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        return [json.loads(f[b"body"]) for _, f in self.r.xrange(f"{queue}:results")]
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        return [{"body": f[b"body"], "why": json.loads(f[b"why"])} for _, f in self.r.xrange(f"{queue}:dead")]
+
+    def depth(self, queue: str) -> int:
+        return int(self.r.xlen(queue)) + int(self.r.zcard(f"{queue}:delayed"))
+
+
+class Postgres(Broker):
+    name = "postgres"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        super().__init__(group)
+        shutil.chown(self.dir, "postgres", "postgres")
+        data = self.dir / "data"
+        run(
+            [_pg_bin("initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync"],
+            user="postgres",
+            timeout=120,
+            log=group.log_dir / "initdb.log",
+        )
+        self._start(
+            [
+                _pg_bin("postgres"),
+                "-D",
+                str(data),
+                "-p",
+                str(self.port),
+                "-h",
+                "127.0.0.1",
+                "-k",
+                str(self.dir),
+                "-c",
+                "fsync=off",
+                "-c",
+                "max_connections=100",
+            ],
+            user="postgres",
+            stop_signal=signal.SIGINT,
+        )
+
+    def ready(self) -> bool:
+        return (
+            subprocess.run(
+                [_pg_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                capture_output=True,
+                timeout=10,
+            ).returncode
+            == 0
+        )
+
+    def url(self, queue: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres?queue={queue}"
+
+    def _rows(self, query: str, queue: str) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.url(queue).split("?")[0], autocommit=True) as conn:
+            return conn.execute(query, (queue,)).fetchall()
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT body FROM pandastack_queue_results WHERE queue = %s ORDER BY id", queue)
+        return [json.loads(bytes(b)) for (b,) in rows]
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT body, why FROM pandastack_queue_dead WHERE queue = %s ORDER BY id", queue)
+        return [{"body": bytes(b), "why": w} for b, w in rows]
+
+    def depth(self, queue: str) -> int:
+        return int(self._rows("SELECT count(*) FROM pandastack_queue WHERE queue = %s", queue)[0][0])
+
+
+class RabbitMQ(Broker):
+    name = "rabbitmq"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        super().__init__(group)
+        shutil.chown(self.dir, "rabbitmq", "rabbitmq")
+        epmd_port, dist_port = free_port(), free_port()
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n"
+        )
+        env = {
+            "E2E_RUN_DIR": str(group.run_dir),  # run.sh's leftover check finds them by it
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.dir),
+            "LANG": "C.UTF-8",
+            "ERL_EPMD_PORT": str(epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODENAME": f"pq{self.port}@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq"),
+            "RABBITMQ_LOGS": "-",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+        }
+        # Its own epmd in the foreground (rabbitmq would start a daemon that outlives the run).
+        group.start(
+            "epmd",
+            ["epmd", "-port", str(epmd_port), "-address", "127.0.0.1"],
+            env=env,
+            user="rabbitmq",
+            ports=[epmd_port],
+        )
+        wait_for("epmd to listen", lambda: port_open(epmd_port), timeout=30, interval=0.1)
+        self._start(["/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env, user="rabbitmq")
+        self._conn: Any = None
+        self._seen: dict[str, list[Any]] = {}
+
+    def url(self, queue: str) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F?queue={queue}"
+
+    def down(self) -> None:
+        self._conn = None
+        super().down()
+
+    def _channel(self) -> Any:
+        import pika
+
+        if self._conn is None or not self._conn.is_open:
+            self._conn = pika.BlockingConnection(
+                pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{self.port}/%2F")
+            )
+        return self._conn.channel()
+
+    def _drain(self, name: str) -> list[Any]:
+        seen = self._seen.setdefault(name, [])
+        ch = self._channel()
+        try:
+            ch.queue_declare(name, passive=True)
+        except Exception:  # not declared yet: nothing in it
+            return seen
+        while True:
+            method, props, body = ch.basic_get(name, auto_ack=True)
+            if method is None:
+                break
+            seen.append((props, body))
+        ch.close()
+        return seen
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        return [json.loads(body) for _, body in self._drain(f"{queue}.results")]
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        from pandastack_jobs.queue.rabbitmq import dead_reason
+
+        return [
+            {"body": body, "why": dead_reason(props.headers)} for props, body in self._drain(f"{queue}.dead")
+        ]
+
+    def depth(self, queue: str) -> int:
+        ch = self._channel()
+        total = 0
+        names = [queue] + [f"{queue}.delay.{ms}" for ms in (1000, 2000, 5000, 10000, 30000)]
+        for name in names:
+            try:
+                total += ch.queue_declare(name, passive=True).method.message_count
+            except Exception:  # not declared: empty (the channel is closed by it)
+                ch = self._channel()
+        return total
+
+
+class SQS(Broker):
+    """moto's server: SQS-compatible. It keeps its queues in memory (a restart would be a new, empty
+    broker), so :meth:`restart` is an outage instead: the consumer reaches moto through a
+    :class:`Relay` that drops every connection and refuses new ones while "down"."""
+
+    name = "sqs"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        super().__init__(group)
+        os.environ.update(AWS_ENV)
+        self.moto_port = free_port()
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.moto_port)]
+        group.start("moto", argv, env={**os.environ, **AWS_ENV}, ports=[self.moto_port])
+        wait_for("moto to listen", lambda: port_open(self.moto_port), timeout=60, interval=0.2)
+        self.relay = Relay(self.port, self.moto_port)
+        import boto3
+
+        endpoint = f"http://127.0.0.1:{self.moto_port}"
+        self.client = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+        self._seen: dict[str, list[dict[str, Any]]] = {}
+
+    def down(self) -> None:
+        self.relay.cut()
+
+    def up(self) -> None:
+        self.relay.restore()
+
+    def url(self, queue: str) -> str:
+        return f"sqs://{queue}?endpoint_url=http://127.0.0.1:{self.port}&region=us-east-1&redrive_after=10"
+
+    def _drain(self, name: str) -> list[dict[str, Any]]:
+        seen = self._seen.setdefault(name, [])
+        try:
+            url = self.client.get_queue_url(QueueName=name)["QueueUrl"]
+        except self.client.exceptions.QueueDoesNotExist:
+            return seen
+        while True:
+            got = self.client.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+            )
+            msgs = got.get("Messages", [])
+            if not msgs:
+                return seen
+            for m in msgs:
+                seen.append(m)
+                self.client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        return [json.loads(m["Body"]) for m in self._drain(f"{queue}-results")]
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        out = []
+        for m in self._drain(f"{queue}-dead"):
+            why = m.get("MessageAttributes", {}).get("why", {}).get("StringValue")
+            out.append({"body": m["Body"].encode(), "why": json.loads(why) if why else {}})
+        return out
+
+    def depth(self, queue: str) -> int:
+        url = self.client.get_queue_url(QueueName=queue)["QueueUrl"]
+        names = [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ]
+        attrs = self.client.get_queue_attributes(QueueUrl=url, AttributeNames=names)["Attributes"]
+        return sum(int(attrs.get(n, 0)) for n in names)
+
+
+KINDS: dict[str, type[Broker]] = {"redis": Redis, "postgres": Postgres, "rabbitmq": RabbitMQ, "sqs": SQS}
+
+
+def run_dir() -> Path:
+    """A fresh directory for this pytest process's brokers, inside the one ``tests/queue/run.sh``
+    made when it runs (its cleanup reads every ``*/pgids`` there), else in /tmp."""
+    import tempfile
+
+    base = os.environ.get("QUEUE_RUN_DIR")
+    path = Path(tempfile.mkdtemp(prefix="brokers-", dir=base))
+    path.chmod(0o755)  # the brokers run as their own users (postgres, rabbitmq)
+    return path

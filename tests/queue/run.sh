@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# make test-queue: the queue consumer on real brokers, from nothing, on loopback only.
+# Installs what is missing (Debian redis-server, postgresql, rabbitmq-server; the venv's queue
+# extra), runs tests/queue (whose fixtures start each broker on free ports, as e2e/ does, and
+# stop them), and whatever happened kills every process group the run started and checks that
+# nothing is left running or listening.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+AF=${AF:-$REPO/.venv-airflow}
+PF=${PF:-$REPO/.venv-prefect}
+START=$(date +%s)
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_apt+=(postgresql)
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
+if ((${#need_apt[@]})); then
+  echo "test-queue: installing ${need_apt[*]} (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
+  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/dev/null; then
+  echo "test-queue: installing the queue extra into $AF"
+  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
+fi
+if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/dev/null; then
+  echo "test-queue: installing the queue extra into $PF"
+  "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,test,queue]'
+fi
+
+RUN_DIR=$(mktemp -d /tmp/pandastack-queue.XXXXXX)
+chmod 755 "$RUN_DIR"
+export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
+echo "test-queue: run directory (broker logs and data) $RUN_DIR"
+
+cleanup() {
+  rc=$?
+  trap - EXIT INT TERM
+  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
+  while read -r pgid name; do
+    if kill -0 -- "-$pgid" 2>/dev/null; then
+      echo "test-queue: cleanup: killing leftover process group $pgid ($name)"
+      kill -TERM -- "-$pgid" 2>/dev/null || true
+    fi
+  done <"$RUN_DIR/all-pgids"
+  sleep 1
+  while read -r pgid _; do kill -KILL -- "-$pgid" 2>/dev/null || true; done <"$RUN_DIR/all-pgids"
+  left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
+import os, sys
+from tests.support.procs import listening_ports, pids, read_proc
+run_dir = sys.argv[1]
+try:
+    ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}
+except OSError:
+    ours = set()
+procs = [
+    str(pid)
+    for pid in pids()
+    if f"E2E_RUN_DIR={run_dir}".encode() in (read_proc(pid, "environ") or b"")
+    or run_dir.encode() in (read_proc(pid, "cmdline") or b"")
+]
+procs = [p for p in procs if int(p) != os.getppid()]
+ports = sorted(listening_ports() & ours)
+print(f"procs={' '.join(procs)} ports={' '.join(map(str, ports))}")
+PY
+) || left="check failed"
+  echo "test-queue: after cleanup: $left"
+  case "$left" in
+    "procs= ports=") rm -rf "$RUN_DIR" ;;
+    *) echo "test-queue: FAIL: processes or listening ports left behind"; [ "$rc" = 0 ] && rc=1 ;;
+  esac
+  echo "test-queue: wall time $(( $(date +%s) - START ))s, exit $rc"
+  exit "$rc"
+}
+trap cleanup EXIT INT TERM
+
+# The core and the Airflow operator in the Airflow venv, the Prefect flow in the Prefect venv
+# (each pytest process starts its own brokers), side by side.
+"$AF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue --ignore=tests/queue/prefect \
+  tests/unit/core/test_queue_message.py "$@" &
+af=$!
+"$PF/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/queue/prefect "$@" \
+  >"$RUN_DIR/prefect-pytest.log" 2>&1 &
+pf=$!
+rc=0
+wait "$af" || rc=$?
+wait "$pf" || rc=$?
+echo "test-queue: the Prefect venv's run:"
+cat "$RUN_DIR/prefect-pytest.log"
+exit "$rc"

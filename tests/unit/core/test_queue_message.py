@@ -1,0 +1,103 @@
+"""The queue message format, without a broker: each malformed message names its field."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from pandastack_jobs.queue import MessageError, parse
+
+
+def _body(**doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_a_full_message_becomes_a_job_keyed_by_its_id_and_delivery() -> None:
+    raw = base64.b64encode(b"\x00\x01").decode()
+    job = parse(
+        _body(
+            id="order-7",
+            command="python3 run.py",
+            tenant="acme",
+            input={"n": 1},
+            files={"run.py": "print(1)", "blob.bin": {"base64": raw}},
+            options={"timeout": 9},
+        ),
+        "broker-id",
+        defaults={"template": "base", "timeout": 30},
+    )
+    spec = job.spec("jobs", 3)
+    assert job.message_id == "order-7" and spec.timeout == 9 and spec.template == "base"
+    assert spec.files["/work/blob.bin"] == b"\x00\x01" and spec.input == {"n": 1}
+    assert spec.key is not None and spec.key.run == "order-7" and spec.key.try_number == 3
+    assert spec.env["QUEUE_DELIVERY"] == "3" and spec.env["QUEUE_MESSAGE_ID"] == "order-7"
+    assert spec.sandbox_metadata()["tenant"] == "acme"
+    assert parse(_body(command="true"), "1700-0").message_id == "1700-0"  # the broker's id
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"\xff\xfe", "body"),
+        (b"[1, 2]", "body"),
+        (b'{"command": "true", "input": NaN}', "body"),
+        (_body(format="pandastack-job/2", command="true"), "format"),
+        (_body(command="true", priority=1), "priority"),
+        (_body(command=""), "command"),
+        (_body(), "command"),
+        (_body(command="true", id="a b"), "id"),
+        (_body(command="true", tenant=7), "tenant"),
+        (_body(command="true", files=["x"]), "files"),
+        (_body(command="true", files={"x": 1}), "files['x']"),
+        (_body(command="true", files={"x": {"base64": "%%"}}), "files['x'].base64"),
+        (_body(command="true", files={"../x": "y"}), "files['../x']"),
+        (_body(command="true", options=[]), "options"),
+        (_body(command="true", options={"colour": 1}), "options.colour"),
+        (_body(command="true", options={"timeout": 0}), "options.timeout"),
+        (_body(command="true", options={"template": "../etc"}), "options.template"),
+        (_body(command="true", options={"key": {}}), "options.key"),
+        (_body(command="true", options={"env": {"A": 1, "1B": "x"}}), "options.env['1B']"),
+    ],
+)
+def test_malformed_messages_name_their_field(body: bytes, field: str) -> None:
+    with pytest.raises(MessageError) as err:
+        parse(body, "b1")
+    assert err.value.field == field, str(err.value)
+
+
+def test_an_oversized_message_is_refused_before_it_is_read() -> None:
+    with pytest.raises(MessageError, match="over the 100-byte limit") as err:
+        parse(_body(command="true", input="x" * 200), "b1", max_bytes=100)
+    assert err.value.field == "body"
+
+
+@pytest.mark.parametrize(
+    ("options", "defaults", "field"),
+    [
+        ({"max_result_bytes": 10**10}, {}, "options.max_result_bytes"),
+        ({"max_file_bytes": 2048}, {"max_file_bytes": 1024}, "options.max_file_bytes"),
+        ({"collect": [f"f{i}" for i in range(9)]}, {}, "options.collect"),
+        ({"template": "code-interpreter"}, {"template": "base"}, "options.template"),
+    ],
+)
+def test_a_message_cannot_raise_the_consumers_bounds(
+    options: dict[str, Any], defaults: dict[str, Any], field: str
+) -> None:
+    """The producer may be a tenant: it may not make the consumer read more into its memory, nor
+    pick a template outside the allowed ones."""
+    with pytest.raises(MessageError) as err:
+        parse(_body(command="true", options=options), "b1", defaults=defaults, allowed_templates={"base"})
+    assert err.value.field == field, str(err.value)
+
+
+def test_a_message_may_lower_the_bounds() -> None:
+    job = parse(
+        _body(command="true", options={"max_result_bytes": 100, "template": "base"}),
+        "b1",
+        defaults={"max_result_bytes": 1000},
+        allowed_templates={"base"},
+    )
+    assert job.spec("q", 1).max_result_bytes == 100
