@@ -49,9 +49,10 @@ class Connection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, socket_path: Path, request: dict[str, Any]) -> Connection:
+    async def open(cls, socket_path: Path, request: dict[str, Any], limit: int = MAX_FRAME * 2) -> Connection:
+        """``limit``: how far ahead of the caller the reader buffers (at most about twice it)."""
         try:
-            reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=MAX_FRAME * 2)
+            reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=limit)
             writer.write(pack_json(request))
             await writer.drain()
         except OSError as exc:

@@ -11,6 +11,7 @@ API_KEY_ENV = "PANDASTACK_LOCAL_API_KEY"
 DEFAULT_MAX_SANDBOXES = 100
 DEFAULT_POOL_SIZE = 2
 MIN_MEMORY_HEADROOM_MB = 1024
+DEFAULT_STREAM_BUFFER_MB = 256  # 256 exec/streams at limits.STREAM_HOLD_BYTES each
 
 
 def default_memory_budget_mb() -> int | None:
@@ -53,3 +54,5 @@ class ServerConfig:
     isolation: str = "bwrap"
     # gVisor's runsc (None: runsc on PATH).
     runsc: str | None = None
+    # Memory the server may hold for slow readers of exec/stream, all streams together (limits.py).
+    stream_buffer_mb: int = DEFAULT_STREAM_BUFFER_MB

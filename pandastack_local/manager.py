@@ -257,6 +257,7 @@ class SandboxManager:
                     507,
                     f"insufficient host memory for sandbox: need {need} MB, "
                     f"{max(budget - used, 0)} MB free of the {budget} MB budget",
+                    {"Retry-After": CAPACITY_RETRY_AFTER},
                 )
 
     async def create(

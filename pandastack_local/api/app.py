@@ -18,11 +18,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from pandastack_local import __version__, agent_client
 from pandastack_local.api.routes import ROUTERS
 from pandastack_local.api.routes.deps import error
 from pandastack_local.config import ServerConfig
+from pandastack_local.limits import MiB, StreamBudget
 from pandastack_local.manager import ApiError, SandboxManager
 
 
@@ -68,7 +70,22 @@ async def api_error(request: Request, exc: Exception) -> JSONResponse:
 async def http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = {404: "not found", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-    return error(exc.status_code, message, getattr(exc, "headers", None))
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return error(exc.status_code, message, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's 405 names only the first
+    matching route's, and FastAPI makes one route per method)."""
+    methods: set[str] = set()
+    scope = {**request.scope, "method": "\0"}  # no route serves it: PARTIAL is a path match
+    for route in request.app.router.routes:
+        match, _ = route.matches(scope)
+        if match is Match.PARTIAL:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -95,6 +112,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         title="pandastack-local", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.manager = manager
+    app.state.stream_budget = StreamBudget(config.stream_buffer_mb * MiB)
     app.add_middleware(BearerAuth, expected=f"Bearer {config.api_key}".encode())
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -141,3 +141,134 @@ def test_sigkilled_server_takes_every_sandbox_along_even_mid_create() -> None:
     assert not survivors, f"{len(survivors)} sandbox process(es) outlived their server: " + "; ".join(
         f"{pid}: {cmd[:120]!r}" for pid, cmd in sorted(survivors.items())
     )
+
+
+def test_405_lists_every_method_of_the_path(local_http: httpx.Client) -> None:
+    """RFC 9110: a 405's Allow names every method the resource serves, not the first route's."""
+    r = local_http.put("/v1/sandboxes")
+    assert r.status_code == 405 and r.json() == {"error": "method not allowed"}
+    assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+    sid = "00000000-0000-0000-0000-000000000000"
+    for path, methods in (
+        (f"/v1/sandboxes/{sid}", {"GET", "DELETE"}),
+        (f"/v1/sandboxes/{sid}/fs", {"GET", "PUT", "DELETE"}),
+        (f"/v1/sandboxes/{sid}/lifecycle", {"GET", "PATCH"}),
+        (f"/v1/sandboxes/{sid}/repl/sessions", {"GET", "POST"}),
+    ):
+        r = local_http.request("POST" if "POST" not in methods else "PUT", path)
+        assert r.status_code == 405, path
+        assert set(r.headers["allow"].replace(" ", "").split(",")) == methods, path
+
+
+def test_memory_budget_refusal_says_when_to_retry(make_local_server) -> None:
+    server = make_local_server(memory_budget_mb=1000, pool_size=0)
+    r = httpx.post(
+        f"{server.url}/v1/sandboxes", json={}, headers={"Authorization": f"Bearer {server.api_key}"}
+    )
+    assert r.status_code == 507 and r.json()["error"].startswith("insufficient host memory")
+    assert r.headers["retry-after"] == "1"
+
+
+def test_no_sandbox_without_a_ttl_unless_persistent(local_http: httpx.Client) -> None:
+    sid = local_http.post("/v1/sandboxes", json={"template": "base"}).json()["id"]
+    try:
+        r = local_http.patch(f"/v1/sandboxes/{sid}/lifecycle", json={"ttl_seconds": 0})
+        assert r.status_code == 400 and "ttl_seconds" in r.json()["error"]
+        assert "persistent" in r.json()["error"]
+        assert local_http.get(f"/v1/sandboxes/{sid}/lifecycle").json()["ttl_seconds"] == 300
+        r = local_http.patch(f"/v1/sandboxes/{sid}/lifecycle", json={"persistent": True})
+        assert r.json()["persistent"] is True and r.json()["ttl_seconds"] == 300
+    finally:
+        local_http.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_strict_input_types_name_the_field(local_http: httpx.Client) -> None:
+    before = local_http.get("/v1/sandboxes").json()
+    for body, field in (
+        (b'{"persistent": null}', "persistent"),
+        (b'{"ttl_seconds": null}', "ttl_seconds"),
+        (b'{"ttl_seconds": 1.5}', "ttl_seconds"),
+        (b"\n", "JSON"),
+        (b" ", "JSON"),
+    ):
+        r = local_http.post("/v1/sandboxes", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
+    assert local_http.get("/v1/sandboxes").json() == before
+    sid = local_http.post("/v1/sandboxes", json={"template": "base", "ttl_seconds": 60.0}).json()["id"]
+    try:
+        assert local_http.get(f"/v1/sandboxes/{sid}/lifecycle").json()["ttl_seconds"] == 60
+        r = local_http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "timeout_seconds": None})
+        assert r.status_code == 400 and "timeout_seconds" in r.json()["error"]
+        r = local_http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true", "timeout_seconds": 5.0})
+        assert r.status_code == 200 and r.json()["exit_code"] == 0
+        r = local_http.post(f"/v1/sandboxes/{sid}/fork", json={"count": 1.0})
+        assert r.status_code == 201, r.text  # 1.0 is the integer 1 in JSON (and in JSON Schema)
+        for child in r.json()["children"]:
+            local_http.delete(f"/v1/sandboxes/{child}")
+    finally:
+        local_http.delete(f"/v1/sandboxes/{sid}")
+
+
+class ServiceServer(LocalServer):
+    """A LocalServer with extra ``serve`` flags, optionally under a lower descriptor limit."""
+
+    def __init__(self, *args: str, nofile: int | None = None, **opts: object) -> None:
+        super().__init__(**opts)  # type: ignore[arg-type]
+        self.extra_args = list(args)
+        self.nofile = nofile
+
+    def _argv(self) -> list[str]:
+        argv = [*super()._argv(), *self.extra_args]
+        return ["prlimit", f"--nofile={self.nofile}", "--", *argv] if self.nofile else argv
+
+
+def raw_request(port: int, method: str, path: str, key: str, body: bytes = b"", src: str = "127.0.0.1"):
+    """A socket that sent one request and is never read (a slow reader)."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port), source_address=(src, 0))
+    s.sendall(
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return s
+
+
+def test_slow_stream_readers_have_a_total_memory_budget() -> None:
+    """Streams nobody reads hold at most their reservation each, all sandboxes together: past the
+    budget (--stream-buffer-mb 4: four streams) a new one is refused with a JSON 503 and Retry-After."""
+    with ServiceServer("--stream-buffer-mb", "4", pool_size=0) as server:
+        auth = {"Authorization": f"Bearer {server.api_key}"}
+        with httpx.Client(base_url=server.url, headers=auth, timeout=60) as http:
+            sids = [http.post("/v1/sandboxes", json={"template": "base"}).json()["id"] for _ in range(2)]
+            assert server.pid is not None
+            before = procs.rss_kb(server.pid)
+            body = b'{"cmd": "yes pandastack | head -c 200000000"}'
+            stuck = [
+                raw_request(
+                    server.port, "POST", f"/v1/sandboxes/{sids[i % 2]}/exec/stream", server.api_key, body
+                )
+                for i in range(4)
+            ]
+            try:
+                time.sleep(3)  # every stream fills what it may hold
+                r = http.post(f"/v1/sandboxes/{sids[0]}/exec/stream", json={"cmd": "echo hi"})
+                assert r.status_code == 503, r.text
+                assert "slow readers" in r.json()["error"] and r.headers["retry-after"] == "1"
+                grown_mb = (procs.rss_kb(server.pid) - before) / 1024
+                assert grown_mb < 4 * 1 + 12, f"server RSS grew {grown_mb:.1f} MB for 4 stuck streams"
+            finally:
+                for s in stuck:
+                    s.close()
+            deadline = time.monotonic() + 10  # the closed streams give their reservations back
+            while True:
+                with http.stream(
+                    "POST", f"/v1/sandboxes/{sids[0]}/exec/stream", json={"cmd": "echo hi"}
+                ) as r:
+                    if r.status_code == 200 or time.monotonic() > deadline:
+                        assert r.status_code == 200 and "event: exit" in r.read().decode()
+                        break
+                time.sleep(0.2)
+            for sid in sids:
+                http.delete(f"/v1/sandboxes/{sid}")

@@ -74,7 +74,7 @@ def context_error(sb: Sandbox, request: dict[str, Any], exc: agent_client.AgentE
     if exc.errno == "ENOENT":
         return not_found(sb, cid)
     if exc.errno == "EMLINK":
-        return ApiError(429, f"{exc} (at most {MAX_CODE_CONTEXTS} per sandbox)")
+        return ApiError(429, f"{exc} (at most {MAX_CODE_CONTEXTS} per sandbox)", {"Retry-After": "1"})
     if exc.errno == "ETIME":  # "timeout" in the message: the SDK raises SandboxTimeout, as for the real 500
         seconds = request["request"]["timeout_ms"] / 1000
         return ApiError(500, f"cell timeout after {seconds:g}s, and {exc}; create a new context")

@@ -28,6 +28,7 @@ from pandastack_local.limits import (
     LOG_OUTPUT_CHARS,
     MAX_COMMAND_BYTES,
     MAX_EXEC_OUTPUT_BYTES,
+    STREAM_READ_AHEAD_BYTES,
     exec_slots,
 )
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
@@ -221,7 +222,8 @@ async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> Str
     req = await exec_request(request, manager, sb)
     with contextlib.ExitStack() as stack:
         stack.enter_context(exec_slot(sb))
-        conn = await agent_client.Connection.open(sb.process.socket_path, req)
+        stack.enter_context(request.app.state.stream_budget.hold())  # limits.StreamBudget
+        conn = await agent_client.Connection.open(sb.process.socket_path, req, STREAM_READ_AHEAD_BYTES)
         stack.callback(conn.close)
         release = stack.pop_all()
 

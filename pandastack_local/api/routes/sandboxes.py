@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pandastack_local.manager import DEFAULT_TTL_SECONDS, ApiError
 
-from .deps import Manager, SandboxDep, int_field, json_body
+from .deps import Manager, SandboxDep, bool_field, int_field, json_body
 from .templates import DEFAULT_TEMPLATE, template_name
 from .unsupported import refuse_create_fields
 
@@ -24,9 +24,7 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
     ):
         raise ApiError(400, "metadata must be a map of string to string")
     ttl = int_field(body, "ttl_seconds", minimum=0)
-    persistent = body.get("persistent") or False
-    if not isinstance(persistent, bool):
-        raise ApiError(400, "persistent must be a boolean")
+    persistent = bool_field(body, "persistent")
     refuse_create_fields(body)
     template = manager.template(name)
     sb = await manager.create(template, metadata, ttl or DEFAULT_TTL_SECONDS, persistent)
