@@ -128,8 +128,10 @@ def guarded_protocol(base: type[asyncio.Protocol], guard: ConnectionGuard) -> ty
             asyncio.get_running_loop().call_later(REFUSE_LINGER_SECONDS, transport.close)
 
         def _waiting_for_headers(self) -> bool:
+            """No request under way: none yet, or the last one answered and its body all read
+            (bytes after an early answer, a 413 say, are that request's body, not new headers)."""
             cycle = getattr(self, "cycle", None)
-            return cycle is None or bool(cycle.response_complete)
+            return cycle is None or (bool(cycle.response_complete) and not cycle.more_body)
 
         def _arm_header_timer(self) -> None:
             self._header_bytes = 0

@@ -22,6 +22,7 @@ import httpx
 
 from pandastack_local import LocalServer
 from tests.support import procs
+from tests.support.server import write_template
 
 
 def instance_marker(server: LocalServer) -> bytes:
@@ -272,3 +273,95 @@ def test_slow_stream_readers_have_a_total_memory_budget() -> None:
                 time.sleep(0.2)
             for sid in sids:
                 http.delete(f"/v1/sandboxes/{sid}")
+
+
+def half_open(port: int, count: int, src: str) -> list:
+    """``count`` connections from ``src`` that start a request and never finish its headers."""
+    import socket
+
+    out = []
+    for _ in range(count):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(src, 0))
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        except OSError:
+            continue
+        out.append(s)
+    return out
+
+
+def answers(socks: list, wait: float) -> list[bytes]:
+    """What each socket received within ``wait`` seconds (b"" if nothing, or the peer closed)."""
+    import selectors
+
+    got = {s: b"" for s in socks}
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        deadline = time.monotonic() + wait
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(0.2):
+                try:
+                    data = key.fileobj.recv(4096)  # type: ignore[union-attr]
+                except OSError:
+                    data = b""
+                got[key.fileobj] += data
+                if not data or b"}" in data:
+                    sel.unregister(key.fileobj)
+    return [got[s] for s in socks]
+
+
+def test_half_finished_connections_cannot_lock_out_other_clients(tmp_path: Path) -> None:
+    """1,100 connections that never finish their headers, against a server with 256 descriptors
+    (the issue's case: at 1,024 descriptors, 1,100 of them locked every client out and grew the log
+    by 341 MB in 40 s). Past the per-address cap they are refused at once (JSON 429, Retry-After);
+    the ones held are dropped at the header timeout (408); another client is served throughout,
+    and the log stays small."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    # A sandbox's descriptor limit cannot pass its server's hard limit: a template that fits.
+    tiny = write_template(tmp_path / "tiny", name="tiny", memory_mb=256, nofile=64)
+    server = ServiceServer(
+        "--header-timeout", "3", nofile=256, pool_size=0, max_sandboxes=4, template_dirs=[str(tiny)]
+    )
+    flood: list = []
+    try:
+        server.start()
+        auth = {"Authorization": f"Bearer {server.api_key}"}
+        flood = half_open(server.port, 1100, "127.0.0.2")
+        started = time.monotonic()
+        r = httpx.get(f"{server.url}/healthz", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - started < 5
+        with server.client().sandboxes.create(template="tiny") as sb:
+            assert sb.exec("echo served").stdout == "served\n"
+        got = answers(flood, 2)
+        refused = [a for a in got if a.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 1000, f"{len(refused)} of {len(flood)} refused at once"
+        assert b"retry-after: 1" in refused[0] and b"too many connections from 127.0.0.2" in refused[0]
+        held = [(s, a) for s, a in zip(flood, got, strict=True) if not a.startswith(b"HTTP/1.1 429")]
+        assert held, "no connection was held at all"
+        pending = [s for s, a in held if not a]
+        late = dict(zip(pending, answers(pending, 6), strict=True))
+        final = [a or late[s] for s, a in held]  # each dropped at the header timeout
+        assert all(a.startswith(b"HTTP/1.1 408") for a in final), final[:3]
+        # The same address as the flood: refused while its connections are held, served after.
+        for s in flood:
+            s.close()
+        flood = half_open(server.port, 1100, "127.0.0.1")
+        r = httpx.get(f"{server.url}/healthz", timeout=5)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and "error" in r.json()
+        time.sleep(4.5)
+        assert httpx.get(f"{server.url}/v1/sandboxes", headers=auth, timeout=5).status_code == 200
+        assert server.running()
+        size = server.log_path.stat().st_size
+        assert size < 20_000, f"the server log grew to {size} bytes:\n{server.log_tail(20)}"
+        # asyncio's loop accepts a whole backlog at once, before any cap can act, and may run out of
+        # descriptors doing so: its traceback is printed once a minute, the rest only counted.
+        assert server.log_path.read_text().count("Traceback") <= 2, server.log_tail(40)
+    finally:
+        for s in flood:
+            s.close()
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
