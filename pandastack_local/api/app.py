@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from pandastack_local import __version__, agent_client
+from pandastack_local.api import openapi
 from pandastack_local.api.routes import ROUTERS
 from pandastack_local.api.routes.deps import error
 from pandastack_local.config import ServerConfig
@@ -76,16 +77,16 @@ async def http_error(request: Request, exc: Exception) -> JSONResponse:
     return error(exc.status_code, message, headers)
 
 
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path (Starlette's 405 names only the first
     matching route's, and FastAPI makes one route per method)."""
-    methods: set[str] = set()
-    scope = {**request.scope, "method": "\0"}  # no route serves it: PARTIAL is a path match
-    for route in request.app.router.routes:
-        match, _ = route.matches(scope)
-        if match is Match.PARTIAL:
-            methods.update(getattr(route, "methods", None) or ())
-    return sorted(methods)
+    routes = request.app.router.routes
+    return [
+        m for m in METHODS if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
+    ]
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -120,4 +121,5 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.add_exception_handler(agent_client.AgentUnavailable, agent_gone)
     for router in ROUTERS:
         app.include_router(router)
+    openapi.install(app)
     return app

@@ -365,3 +365,108 @@ def test_half_finished_connections_cannot_lock_out_other_clients(tmp_path: Path)
             s.close()
         server.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def status_codes(func: object, seen: set[object] | None = None, depth: int = 0) -> set[int]:
+    """The HTTP statuses ``func`` can answer with: integer first arguments of ``ApiError(...)`` and
+    ``error(...)``, ``status_code=...`` keywords, followed into every function of this package it
+    calls (by name in its module, or a ``SandboxManager`` method), a few levels deep."""
+    import ast
+    import inspect
+    import textwrap
+
+    from pandastack_local.manager import SandboxManager
+
+    seen = set() if seen is None else seen
+    if func in seen or depth > 5 or not callable(func):
+        return set()
+    seen.add(func)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return set()
+    names = getattr(func, "__globals__", {})
+    if inspect.ismethod(func) or hasattr(func, "__func__"):
+        func = func.__func__  # type: ignore[attr-defined]
+
+    def value(node: ast.AST) -> object:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return names.get(node.id)
+        return None
+
+    fn = tree.body[0]
+    body = ast.Module(body=getattr(fn, "body", []), type_ignores=[])  # not its decorators
+    codes: set[int] = set()
+    for node in ast.walk(body):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func
+        name = (
+            callee.id
+            if isinstance(callee, ast.Name)
+            else callee.attr
+            if isinstance(callee, ast.Attribute)
+            else ""
+        )
+        if name in ("ApiError", "error", "context_error") and node.args:
+            code = value(node.args[0])
+            if isinstance(code, int):
+                codes.add(code)
+        for kw in node.keywords:
+            code = value(kw.value)
+            if kw.arg == "status_code" and isinstance(code, int):
+                codes.add(code)
+        target = names.get(name) if isinstance(callee, ast.Name) else None
+        if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name):
+            receiver = callee.value.id
+            if receiver in ("manager", "self"):
+                target = getattr(SandboxManager, name, None)
+            else:  # a module's function (agent_client.call, ...)
+                module = names.get(receiver)
+                target = getattr(module, name, None) if inspect.ismodule(module) else None
+        if (getattr(target, "__module__", None) or "").startswith("pandastack_local"):
+            codes |= status_codes(target, seen, depth + 1)
+    return codes
+
+
+def test_openapi_documents_every_route_and_every_code_it_can_answer() -> None:
+    """Each route of the app is in /openapi.json with its request body, query parameters and
+    every status its code can answer (found by walking its code), each with the error envelope."""
+    from fastapi.routing import APIRoute
+
+    from pandastack_local.api.app import create_app
+    from pandastack_local.config import ServerConfig
+
+    app = create_app(ServerConfig(api_key="k"))
+    doc = app.openapi()
+    routes = [r for r in app.routes if isinstance(r, APIRoute) and r.include_in_schema]
+    assert len(routes) == sum(len(m) for m in doc["paths"].values()) >= 29
+    for route in routes:
+        for method in route.methods:
+            operation = doc["paths"][route.path][method.lower()]
+            documented = {int(c) for c in operation["responses"]}
+            can = status_codes(route.endpoint)
+            for dep in route.dependant.dependencies:
+                can |= status_codes(dep.call)
+            if route.path.startswith("/v1"):
+                can.add(401)
+            if "{sandbox_id}" in route.path:
+                can.add(404)
+            assert can <= documented, (
+                f"{method} {route.path}: answers {sorted(can - documented)} undocumented"
+            )
+            for code, response in operation["responses"].items():
+                if int(code) >= 400:
+                    assert response["content"]["application/json"]["schema"] == {
+                        "$ref": "#/components/schemas/Error"
+                    }
+                if int(code) in (429, 503, 507):
+                    assert "Retry-After" in response["headers"], (method, route.path, code)
+            if method in ("POST", "PATCH") and route.path.endswith(
+                ("sandboxes", "exec", "stream", "lifecycle", "run", "repl")
+            ):
+                assert "requestBody" in operation, (method, route.path)
+            if route.path.endswith(("/fs", "/fs/stat", "/fs/dir")):
+                assert [p["name"] for p in operation["parameters"] if p["in"] == "query"] == ["path"]
