@@ -111,6 +111,8 @@ BODIES: dict[str, dict[str, Any]] = {
     },
 }
 
+REQUIRED_BODIES = {"exec", "lifecycle", "run", "snippet"}
+
 # Statuses and what each means, by route kind. "P" marks parity with PandaStack.
 AUTH = {401: "missing or invalid bearer token (`{error, detail}`)"}
 SANDBOX_404 = {404: "no such sandbox (`not found`)"}
@@ -146,8 +148,9 @@ def op(
             if code in (429, 503, 507):
                 responses[str(code)]["headers"] = {"Retry-After": {"schema": INT, "description": "seconds"}}
     out: dict[str, Any] = {"summary": summary, "responses": responses}
-    if body is not None:
-        out["requestBody"] = {"required": False, "content": {"application/json": {"schema": BODIES[body]}}}
+    if body is not None:  # a body the route reads with json_body(): required unless it may be empty
+        required = body in REQUIRED_BODIES
+        out["requestBody"] = {"required": required, "content": {"application/json": {"schema": BODIES[body]}}}
     if raw_body:
         out["requestBody"] = {
             "required": True,
@@ -230,7 +233,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         (
             200,
             "events: stdout/stderr {chunk}, then exit {exit_code} or error {error}",
-            {"media": "text/event-stream", "schema": STR},
+            {"media": "text/event-stream", "schema": {"type": "object"}},
         ),
         AUTH,
         SANDBOX_404,
