@@ -312,11 +312,11 @@ def answers(socks: list, wait: float) -> list[bytes]:
 
 
 def test_half_finished_connections_cannot_lock_out_other_clients(tmp_path: Path) -> None:
-    """1,100 connections that never finish their headers, against a server with 256 descriptors
-    (the issue's case: at 1,024 descriptors, 1,100 of them locked every client out and grew the log
-    by 341 MB in 40 s). Past the per-address cap they are refused at once (JSON 429, Retry-After);
-    the ones held are dropped at the header timeout (408); another client is served throughout,
-    and the log stays small."""
+    """1,100 connections that never finish their headers, against a server with 1,024 descriptors
+    (the issue's case: there they locked every other client out and grew the log by 341 MB in
+    40 s). Past the per-address cap they are refused at once (JSON 429, Retry-After); the ones held
+    are dropped at the header timeout (408); another client is served throughout, and the log
+    stays small."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -324,7 +324,7 @@ def test_half_finished_connections_cannot_lock_out_other_clients(tmp_path: Path)
     # A sandbox's descriptor limit cannot pass its server's hard limit: a template that fits.
     tiny = write_template(tmp_path / "tiny", name="tiny", memory_mb=256, nofile=64)
     server = ServiceServer(
-        "--header-timeout", "3", nofile=256, pool_size=0, max_sandboxes=4, template_dirs=[str(tiny)]
+        "--header-timeout", "3", nofile=1024, pool_size=0, max_sandboxes=4, template_dirs=[str(tiny)]
     )
     flood: list = []
     try:
@@ -338,7 +338,8 @@ def test_half_finished_connections_cannot_lock_out_other_clients(tmp_path: Path)
             assert sb.exec("echo served").stdout == "served\n"
         got = answers(flood, 2)
         refused = [a for a in got if a.startswith(b"HTTP/1.1 429")]
-        assert len(refused) >= 1000, f"{len(refused)} of {len(flood)} refused at once"
+        # 1,024 descriptors: at most 446 connections, 223 from one address (limits.connection_caps).
+        assert len(refused) >= len(flood) - 223, f"{len(refused)} of {len(flood)} refused at once"
         assert b"retry-after: 1" in refused[0] and b"too many connections from 127.0.0.2" in refused[0]
         held = [(s, a) for s, a in zip(flood, got, strict=True) if not a.startswith(b"HTTP/1.1 429")]
         assert held, "no connection was held at all"
@@ -441,7 +442,12 @@ def test_openapi_documents_every_route_and_every_code_it_can_answer() -> None:
 
     app = create_app(ServerConfig(api_key="k"))
     doc = app.openapi()
-    routes = [r for r in app.routes if isinstance(r, APIRoute) and r.include_in_schema]
+    from pandastack_local.api.routes import ROUTERS
+
+    # The routers' own routes (newer FastAPI wraps included routers in app.routes).
+    routes = [
+        r for router in ROUTERS for r in router.routes if isinstance(r, APIRoute) and r.include_in_schema
+    ]
     assert len(routes) == sum(len(m) for m in doc["paths"].values()) >= 29
     for route in routes:
         for method in route.methods:
