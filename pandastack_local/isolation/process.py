@@ -60,7 +60,7 @@ def launch(
     argv: list[str],
     procs_files: list[Path],
     pass_fds: tuple[int, ...] = (),
-    pdeathsig: bool = True,
+    pdeathsig: bool = False,
     uid: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
