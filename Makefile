@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help wheel venvs templates runsc lint typecheck test test-unit test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -74,6 +74,12 @@ test-airflow: venvs templates
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
 	$(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
+# The fuzz leg (issue 24): schemathesis against the served /openapi.json of a real LocalServer, every
+# operation a bounded number of examples (PANDASTACK_FUZZ_EXAMPLES, default 100), all its checks but
+# "no 5xx" (the document lists the parity 500s): about a minute.
+test-fuzz: venvs templates
+	$(AF)/bin/python -m pytest -q tests/fuzz --timeout=300 $(PYTEST_ARGS)
+
 test-prefect: venvs templates
 	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/docs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
 
@@ -89,7 +95,7 @@ test-nonroot: venvs templates
 	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(AF)/bin/python -m pytest -q tests/local tests/security \
 		$(NO_GVISOR) --basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
-test: test-unit lint typecheck test-airflow test-prefect test-nonroot
+test: test-unit lint typecheck test-airflow test-fuzz test-prefect test-nonroot
 
 # gVisor's runsc for `pandastack-local serve --isolation gvisor`, from Debian bookworm-backports
 # (the 2022 build in bookworm main breaks `ls`): the script derives the backports source from the

@@ -132,14 +132,16 @@ class Connection:
         request: dict[str, Any],
         watch: Watch | None = None,
         seconds: float | None = OP_SECONDS,
+        limit: int = MAX_FRAME * 2,
     ) -> Connection:
         """Connect and send ``request``; ``seconds``: the request's own deadline (None: none,
-        e.g. an exec without a timeout, which ends with its client)."""
+        e.g. an exec without a timeout, which ends with its client); ``limit``: how far ahead of the
+        caller the reader buffers (at most about twice it)."""
         watch = watch or Watch()
         deadline = None if seconds is None else time.monotonic() + seconds
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(str(socket_path), limit=MAX_FRAME * 2), watch.silence
+                asyncio.open_unix_connection(str(socket_path), limit=limit), watch.silence
             )
         except asyncio.TimeoutError:
             raise lost(watch) from None

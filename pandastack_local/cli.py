@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import resource
 import sys
 from pathlib import Path
+from typing import Any
 
 from pandastack_local.admission import ADMISSIONS, DEFAULT_ADMISSION
 from pandastack_local.config import (
@@ -15,6 +18,7 @@ from pandastack_local.config import (
     DEFAULT_MAX_SANDBOXES,
     DEFAULT_POOL_SIZE,
     DEFAULT_PORT,
+    DEFAULT_STREAM_BUFFER_MB,
     ServerConfig,
     default_memory_budget_mb,
     default_state_dir,
@@ -24,6 +28,14 @@ from pandastack_local.config import (
 from pandastack_local.isolation.backend import DEFAULT_ISOLATION, ISOLATIONS
 from pandastack_local.isolation.egress import EgressError, parse_rules
 from pandastack_local.isolation.mountns import protect_device_nodes
+from pandastack_local.limits import (
+    HEADER_TIMEOUT_SECONDS,
+    KEEP_ALIVE_SECONDS,
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_CLIENT,
+    MAX_HEADER_BYTES,
+    connection_caps,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "limits (no overcommit)",
     )
     serve.add_argument(
+        "--stream-buffer-mb",
+        type=int,
+        default=DEFAULT_STREAM_BUFFER_MB,
+        help="memory the server may hold for slow readers of exec/stream, all together; past it a "
+        "new stream is refused (503, Retry-After)",
+    )
+    serve.add_argument(
         "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"
     )
     serve.add_argument(
@@ -73,6 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--runsc", default=None, metavar="PATH", help="gVisor's runsc (default: runsc on PATH)"
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help="open connections at once (lowered to fit the descriptor limit); past it 503",
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=MAX_CONNECTIONS_PER_CLIENT,
+        help="open connections at once from one client address (at most half the total); past it 429",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=HEADER_TIMEOUT_SECONDS,
+        help="seconds a client has to send a request's headers (408 past it)",
     )
     serve.add_argument("--log-level", default="warning")
     serve.add_argument("--cache-dir", type=Path, default=None, help="built templates (default ~/.cache/...)")
@@ -140,6 +177,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"pandastack-local: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
     logging.basicConfig(level=logging.INFO, format="pandastack-local: %(message)s", stream=sys.stderr)
+    from pandastack_local.api.connections import RepeatFilter
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RepeatFilter())
     # Before any thread exists: a mount namespace cannot be unshared by a multi-threaded process.
     try:
         protect_device_nodes()
@@ -176,8 +217,50 @@ def main(argv: list[str] | None = None) -> None:
         cache_dir=args.cache_dir,
         isolation=args.isolation,
         runsc=args.runsc,
+        stream_buffer_mb=max(args.stream_buffer_mb, 1),
     )
     print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(
-        create_app(config), host=args.host, port=args.port, log_level=args.log_level, access_log=False
+    uvicorn.Server(server_config(args, create_app(config), uvicorn)).run()
+
+
+def server_config(args: argparse.Namespace, app: object, uvicorn: Any) -> Any:
+    """uvicorn's settings, its HTTP protocol guarded (api/connections.py) with caps that fit the
+    descriptor limit (raised to the hard limit first)."""
+    from pandastack_local.api.connections import ConnectionGuard, guarded_protocol
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    sandboxes = (args.max_sandboxes if args.max_sandboxes and args.max_sandboxes > 0 else 100) + 4 * max(
+        args.pool_size, 0
+    )
+    total, per_client = connection_caps(
+        soft, max(args.max_connections, 1), max(args.max_connections_per_client, 1), sandboxes
+    )
+    logging.getLogger("pandastack_local").warning(
+        "connections: at most %d at once, %d per client address (descriptor limit %d); headers within "
+        "%g s, idle keep-alive %d s",
+        total,
+        per_client,
+        soft,
+        args.header_timeout,
+        KEEP_ALIVE_SECONDS,
+    )
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base  # type: ignore[assignment]
+    guard = ConnectionGuard(total, per_client, max(args.header_timeout, 0.1))
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=None,  # the root handler's RepeatFilter sees uvicorn's lines too
+        access_log=False,
+        http=guarded_protocol(base, guard),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )

@@ -15,6 +15,7 @@ DEFAULT_POOL_SIZE = 2
 # 8888 (Jupyter), 8787 (Dask), 5000 (MLflow): a newcomer runs this next to them.
 DEFAULT_PORT = 8321
 MIN_MEMORY_HEADROOM_MB = 1024
+DEFAULT_STREAM_BUFFER_MB = 256  # 256 exec/streams at limits.STREAM_HOLD_BYTES each
 
 
 def default_memory_budget_mb() -> int | None:
@@ -78,3 +79,5 @@ class ServerConfig:
     isolation: str = "bwrap"
     # gVisor's runsc (None: runsc on PATH).
     runsc: str | None = None
+    # Memory the server may hold for slow readers of exec/stream, all streams together (limits.py).
+    stream_buffer_mb: int = DEFAULT_STREAM_BUFFER_MB

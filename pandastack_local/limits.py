@@ -7,6 +7,9 @@ reached by ordinary jobs.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from pandastack_local.guest.agent import MAX_READ_BYTES
 from pandastack_local.templates.registry import Template
 
@@ -32,6 +35,28 @@ MAX_CONCURRENT_EXECS = 32
 AGENT_FDS_PER_EXEC = 8
 AGENT_RESERVED_FDS = 16
 EXEC_RETRY_AFTER = "1"
+# exec/stream: what one stream can make the server hold for a client that does not read it (its
+# reader buffers at most ~2x STREAM_READ_AHEAD_BYTES plus one 256 KiB socket read from the agent; the
+# response's write buffer at most its 64 KiB high-water mark plus one SSE event, a 64 KiB chunk that
+# JSON escapes can grow 6x): each stream reserves STREAM_HOLD_BYTES of a server-wide budget
+# (--stream-buffer-mb, config.DEFAULT_STREAM_BUFFER_MB) while it runs. Past it: 503 with Retry-After.
+STREAM_READ_AHEAD_BYTES = 64 * KiB
+STREAM_HOLD_BYTES = 1 * MiB
+STREAM_RETRY_AFTER = "1"
+# Connections (api/connections.py): at most MAX_CONNECTIONS at once and MAX_CONNECTIONS_PER_CLIENT
+# from one client address (both lowered to fit the descriptor limit: connection_caps); past them a
+# JSON 503 / 429 with Retry-After. A request's headers within HEADER_TIMEOUT_SECONDS (408) and
+# MAX_HEADER_BYTES (431); an idle kept-alive connection closed after KEEP_ALIVE_SECONDS; one whose
+# client reads nothing of its answer for WRITE_STALL_SECONDS dropped.
+MAX_CONNECTIONS = 1024
+MAX_CONNECTIONS_PER_CLIENT = 256
+HEADER_TIMEOUT_SECONDS = 10.0
+KEEP_ALIVE_SECONDS = 5
+MAX_HEADER_BYTES = 16 * KiB
+WRITE_STALL_SECONDS = 60.0
+REFUSE_LINGER_SECONDS = 1.0
+MAX_LINGERING_CONNECTIONS = 64
+FD_RESERVE = 64
 # Code contexts (api/routes/code_contexts.py, guest/repl_kernel.py). Per run: the first MAX_REPL_OUTPUT_BYTES
 # of stdout and of stderr, at most MAX_REPL_RESULTS results (a figure's PNG at most
 # MAX_REPL_PNG_BYTES, a repr or HTML at most MAX_REPL_TEXT_RESULT_BYTES), and the whole reply the
@@ -49,26 +74,49 @@ REPL_KILL_GRACE_SECONDS = 5.0
 REPL_START_SECONDS = 30.0
 
 __all__ = [
+    "FD_RESERVE",
     "FILE_READ_CAP_BYTES",
+    "HEADER_TIMEOUT_SECONDS",
+    "KEEP_ALIVE_SECONDS",
     "LOG_COMMAND_CHARS",
     "LOG_OUTPUT_CHARS",
     "MAX_CODE_CONTEXTS",
     "MAX_COMMAND_BYTES",
     "MAX_CONCURRENT_EXECS",
+    "MAX_CONNECTIONS",
+    "MAX_CONNECTIONS_PER_CLIENT",
     "MAX_EXEC_OUTPUT_BYTES",
     "MAX_FILE_BODY_BYTES",
+    "MAX_HEADER_BYTES",
     "MAX_JSON_BODY_BYTES",
+    "MAX_LINGERING_CONNECTIONS",
     "MAX_REPL_OUTPUT_BYTES",
     "MAX_REPL_PNG_BYTES",
     "MAX_REPL_REPLY_BYTES",
     "MAX_REPL_RESULTS",
     "MAX_REPL_TEXT_RESULT_BYTES",
+    "REFUSE_LINGER_SECONDS",
     "REPL_DEFAULT_TIMEOUT_MS",
     "REPL_KILL_GRACE_SECONDS",
     "REPL_START_SECONDS",
+    "STREAM_HOLD_BYTES",
+    "STREAM_READ_AHEAD_BYTES",
+    "STREAM_RETRY_AFTER",
+    "WRITE_STALL_SECONDS",
+    "StreamBudget",
+    "connection_caps",
     "exec_slots",
     "fork_copy_cap",
 ]
+
+
+def connection_caps(nofile: int, max_total: int, max_per_client: int, sandboxes: int) -> tuple[int, int]:
+    """(total, per client address) that fit ``nofile`` descriptors: a connection can hold its socket
+    and one agent connection, a live sandbox its lifeline, a refused one lingers; FD_RESERVE for the
+    rest. The per-address cap stays at most half the total, so one address cannot take it all."""
+    room = max((nofile - FD_RESERVE - sandboxes - MAX_LINGERING_CONNECTIONS) // 2, 8)
+    total = min(max_total, room)
+    return total, max(1, min(max_per_client, total // 2))
 
 
 def exec_slots(template: Template) -> int:
@@ -80,3 +128,30 @@ def exec_slots(template: Template) -> int:
 def fork_copy_cap(template: Template) -> int:
     """The file data a fork copies at most: the template's disk (a child could hold no more)."""
     return template.disk_mb * MiB
+
+
+class StreamBudget:
+    """The server-wide budget of memory held for slow readers of exec/stream: each stream holds
+    STREAM_HOLD_BYTES of it from start to end; one that would pass it is refused."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.held = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        from pandastack_local.manager import ApiError
+
+        if self.held + STREAM_HOLD_BYTES > self.total_bytes:
+            raise ApiError(
+                503,
+                f"exec/stream refused: {self.held // STREAM_HOLD_BYTES} streams already hold the "
+                f"server's {self.total_bytes // MiB} MiB budget for slow readers (--stream-buffer-mb); "
+                "retry when one ends",
+                {"Retry-After": STREAM_RETRY_AFTER},
+            )
+        self.held += STREAM_HOLD_BYTES
+        try:
+            yield
+        finally:
+            self.held -= STREAM_HOLD_BYTES

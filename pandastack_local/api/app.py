@@ -18,12 +18,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from pandastack_local import __version__, agent_client
-from pandastack_local.api import foreign
+from pandastack_local.api import foreign, openapi
 from pandastack_local.api.routes import ROUTERS
 from pandastack_local.api.routes.deps import error
 from pandastack_local.config import ServerConfig
+from pandastack_local.limits import MiB, StreamBudget
 from pandastack_local.manager import ApiError, SandboxManager
 
 
@@ -69,7 +71,22 @@ async def api_error(request: Request, exc: Exception) -> JSONResponse:
 async def http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = {404: "not found", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-    return error(exc.status_code, message, getattr(exc, "headers", None))
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return error(exc.status_code, message, headers)
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's 405 names only the first
+    matching route's, and FastAPI makes one route per method)."""
+    routes = request.app.router.routes
+    return [
+        m for m in METHODS if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)
+    ]
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -96,6 +113,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         title="pandastack-local", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.manager = manager
+    app.state.stream_budget = StreamBudget(config.stream_buffer_mb * MiB)
     app.add_middleware(BearerAuth, expected=f"Bearer {config.api_key}".encode())
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -104,4 +122,5 @@ def create_app(config: ServerConfig) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(foreign.router)
+    openapi.install(app)
     return app

@@ -1134,8 +1134,23 @@ class Listener:
         conn.sendall(pack_json({"error": "sandbox busy: a request is still running", "errno": "EBUSY"}))
 
 
+def _watch_lifeline(fd: int) -> None:
+    """The server holds this pipe's other end: at its end of file (the sandbox deleted, or the server
+    gone, even mid-start) the agent exits, and the sandbox's init and every process with it."""
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:
+        pass
+    os._exit(0)
+
+
 def main() -> None:
     limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    lifeline = limits.get("lifeline")
+    if isinstance(lifeline, int):
+        os.set_inheritable(lifeline, False)  # the jobs get no copy
+        threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     _setup(limits)
     GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
     listener = Listener(sys.argv[1])

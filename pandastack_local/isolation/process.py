@@ -67,33 +67,53 @@ def disk_split(disk_bytes: int) -> tuple[int, int]:
     return disk_bytes - shm, shm
 
 
+# The first lines of every sandbox's first shell: its parent must still be the server (the pid
+# passed as $1). A server that died before the parent-death signal was set (PR_SET_PDEATHSIG, by
+# setpriv right before this shell) reparented it: it exits instead of starting a sandbox nobody owns.
+PARENT_CHECK = '[ "$PPID" = "$1" ] || exit 125; shift; '
+JOIN_CGROUPS = (
+    'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; '
+    "echo 0 > /proc/self/oom_score_adj 2>/dev/null; "
+)
+
+
 def launch(
     argv: list[str],
     procs_files: list[Path],
     pass_fds: tuple[int, ...] = (),
     pdeathsig: bool = False,
+    uid: int | None = None,
     stdin: int | None = None,
     stdout: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them, then execs
-    ``argv``, so nothing of the sandbox runs unlimited. ``pdeathsig``: SIGKILL it when the
-    spawning thread dies (bwrap has --die-with-parent of its own). ``stdin``, ``stdout``: fds
-    for its stdin and stdout (default /dev/null)."""
-    if pdeathsig:
-        argv = [SETPRIV, "--pdeathsig", "KILL", *argv]
+    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them (and gives up
+    the server's OOM protection: under host memory pressure the kernel picks a sandbox's process,
+    never the server; see admission.py), then execs ``argv``, so nothing of the sandbox runs
+    unlimited. ``uid``: drop to it (and no groups) right before ``argv`` (a root server's
+    per-sandbox uid). ``stdin``, ``stdout``: fds for its stdin and stdout (default /dev/null).
+
+    ``pdeathsig``: the sandbox dies with the server, also when the server dies while this very
+    launch is under way. Every process of the chain has PR_SET_PDEATHSIG=SIGKILL from its first
+    instruction on (setpriv sets it, exec keeps it; a uid change clears it, so the uid-dropping
+    setpriv sets it again), and each shell then checks that its parent is still the server: one
+    that died before a signal could be set left it reparented, and it exits. The signal follows the
+    spawning *thread*: call this on a thread that lives as long as the server (the event loop's).
+    bwrap's sandboxes go without (see ``bwrap.sandbox.spawn``: their agent's lifeline does it)."""
     env = {"PATH": "/usr/bin:/bin"}
+    parent = str(os.getpid())
+    if uid is not None:
+        drop = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        if pdeathsig:
+            drop += ["--pdeathsig", "KILL", "/bin/sh", "-c", PARENT_CHECK + 'exec "$@"', "sh", parent]
+        argv = [*drop, *argv]
+    script = 'exec "$@"'
     if procs_files:
         env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
-        argv = [
-            "/bin/sh",
-            "-c",
-            # Join the cgroups, and give up the server's OOM protection (admission.py): under host
-            # memory pressure the kernel picks a sandbox's process, never the server.
-            'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; '
-            'echo 0 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"',
-            "sh",
-            *argv,
-        ]
+        script = JOIN_CGROUPS + script
+    if pdeathsig:
+        argv = [SETPRIV, "--pdeathsig", "KILL", "/bin/sh", "-c", PARENT_CHECK + script, "sh", parent, *argv]
+    elif procs_files:
+        argv = ["/bin/sh", "-c", script, "sh", *argv]
     return subprocess.Popen(
         argv,
         pass_fds=pass_fds,

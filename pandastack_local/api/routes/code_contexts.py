@@ -84,7 +84,7 @@ def context_error(sb: Sandbox, request: dict[str, Any], exc: agent_client.AgentE
     if exc.errno == "ENOENT":
         return not_found(sb, cid)
     if exc.errno == "EMLINK":
-        return ApiError(429, f"{exc} (at most {MAX_CODE_CONTEXTS} per sandbox)")
+        return ApiError(429, f"{exc} (at most {MAX_CODE_CONTEXTS} per sandbox)", {"Retry-After": "1"})
     if exc.errno == "EBUSY":  # another run of the same context holds it
         return ApiError(409, f"code context {cid}: {exc}")
     if exc.errno == "ETIME":  # "timeout" in the message: the SDK raises SandboxTimeout, as for the real 500

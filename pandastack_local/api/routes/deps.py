@@ -38,7 +38,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 async def json_body(request: Request, *, required: bool = True) -> dict[str, Any]:
     """Parse the body by hand, so malformed JSON is a clear 400 rather than FastAPI's 422."""
     raw = await read_body(request, MAX_JSON_BODY_BYTES)
-    if not raw.strip():
+    if not raw:  # no body at all; whitespace is not JSON (json.loads says so below)
         if required:
             raise ApiError(400, "invalid JSON body: empty")
         return {}
@@ -53,14 +53,24 @@ async def json_body(request: Request, *, required: bool = True) -> dict[str, Any
     return data
 
 
+def bool_field(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A JSON boolean if given (null is not one)."""
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be a boolean (true or false), not {json.dumps(value)[:40]}")
+    return value
+
+
 def int_field(
     body: dict[str, Any], key: str, default: int | None = None, *, minimum: int | None = None
 ) -> int | None:
-    value = body.get(key, default)
-    if value is None:
+    if key not in body:
         return default
+    value = body[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 1.0 is the integer 1 in JSON and in JSON Schema
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"{key} must be an integer")
+        raise ApiError(400, f"{key} must be an integer, not {json.dumps(value)[:40]}")
     if minimum is not None and value < minimum:
         raise ApiError(400, f"{key} must not be negative" if minimum == 0 else f"{key} must be >= {minimum}")
     return value

@@ -28,6 +28,7 @@ from pandastack_local.limits import (
     LOG_OUTPUT_CHARS,
     MAX_COMMAND_BYTES,
     MAX_EXEC_OUTPUT_BYTES,
+    STREAM_READ_AHEAD_BYTES,
     exec_slots,
 )
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
@@ -234,9 +235,14 @@ async def exec_stream(request: Request, manager: Manager, sb: SandboxDep) -> Str
     req = await exec_request(request, manager, sb)
     with contextlib.ExitStack() as stack:
         stack.enter_context(exec_slot(sb))
+        stack.enter_context(request.app.state.stream_budget.hold())  # limits.StreamBudget
         try:
             conn = await agent_client.Connection.open(
-                sb.process.socket_path, req, manager.watch(sb), exec_seconds(req["timeout_seconds"])
+                sb.process.socket_path,
+                req,
+                manager.watch(sb),
+                exec_seconds(req["timeout_seconds"]),
+                STREAM_READ_AHEAD_BYTES,
             )
         except agent_client.AgentUnavailable as exc:
             raise await manager.agent_lost(sb, exc) from exc

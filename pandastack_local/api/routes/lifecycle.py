@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from pandastack_local.manager import MAX_FORK_COUNT, ApiError, Sandbox, SandboxManager, rfc3339
 
-from .deps import Manager, SandboxDep, int_field, json_body
+from .deps import Manager, SandboxDep, bool_field, int_field, json_body
 
 router = APIRouter(prefix="/v1/sandboxes/{sandbox_id}")
 
@@ -25,13 +25,15 @@ async def get_lifecycle(manager: Manager, sb: SandboxDep) -> JSONResponse:
 async def patch_lifecycle(request: Request, manager: Manager, sb: SandboxDep) -> JSONResponse:
     body = await json_body(request)
     ttl = int_field(body, "ttl_seconds", minimum=0)
-    persistent = body.get("persistent")
-    if persistent is not None and not isinstance(persistent, bool):
-        raise ApiError(400, "persistent must be a boolean")
+    if ttl == 0:  # the TTL is the backstop: only an explicit persistent: true goes without one
+        raise ApiError(
+            400,
+            "ttl_seconds must be at least 1: to keep a sandbox without an idle TTL, set persistent: true",
+        )
     if ttl is not None:
-        sb.ttl_seconds = ttl or None
-    if persistent is not None:
-        sb.persistent = persistent
+        sb.ttl_seconds = ttl
+    if "persistent" in body:
+        sb.persistent = bool_field(body, "persistent")
     with manager.activity(sb):
         pass
     return JSONResponse(manager.lifecycle(sb))

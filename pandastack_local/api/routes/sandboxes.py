@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pandastack_local.manager import DEFAULT_TTL_SECONDS, ApiError
 
-from .deps import Manager, SandboxDep, check_text, int_field, json_body
+from .deps import Manager, SandboxDep, bool_field, check_text, int_field, json_body
 from .templates import DEFAULT_TEMPLATE, template_name
 from .unsupported import refuse_create_fields
 
@@ -27,9 +27,7 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
         check_text(key, "metadata key")
         check_text(value, f"metadata[{key!r}]")
     ttl = int_field(body, "ttl_seconds", minimum=0)
-    persistent = body.get("persistent") or False
-    if not isinstance(persistent, bool):
-        raise ApiError(400, "persistent must be a boolean")
+    persistent = bool_field(body, "persistent")
     refuse_create_fields(body)
     template = manager.template(name)
     sb = await manager.create(template, metadata, ttl or DEFAULT_TTL_SECONDS, persistent)

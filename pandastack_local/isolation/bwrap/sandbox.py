@@ -7,7 +7,9 @@ size-capped tmpfs as its whole root (``/dev/shm`` is carved out of the same
 cap; ``/dev`` itself is read-only), the host's ``/usr`` read-only, a
 synthesized ``/etc``, host kernel information files masked, and a cleared
 environment. Its init runs the agent (``guest/agent.py``). bwrap is started with
-``--die-with-parent`` so a dead server cannot leave sandboxes running, and it
+``--die-with-parent`` so a dead server cannot leave sandboxes running (``process.launch`` gives
+every process before it a parent-death signal and a parent check, so neither can a server that
+dies mid-spawn), and it
 joins its cgroups before exec (through a tiny ``sh`` wrapper, which then drops
 to the sandbox's host uid), so no process of the sandbox ever runs outside its limits.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from pandastack_local.isolation import seccomp
 from pandastack_local.isolation.cgroups import Cgroups
-from pandastack_local.isolation.process import GUEST_PYTHON, SETPRIV, SandboxProcess, disk_split, launch
+from pandastack_local.isolation.process import GUEST_PYTHON, SandboxProcess, disk_split, launch
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
 
@@ -206,7 +208,8 @@ def spawn(
     seccomp_program: bytes | None = None,
     sources: dict[str, str] | None = None,
 ) -> SandboxProcess:
-    """Start one sandbox. Must run on a long-lived thread: --die-with-parent follows the spawning thread.
+    """Start one sandbox. Must run on a long-lived thread: the parent-death signal follows the spawning
+    thread.
 
     ``host_uid``: the unprivileged host uid the sandbox's root becomes (a root server); None runs
     bwrap as the server's own (non-root) uid. ``bwrap`` and every bind source must then be reachable
@@ -218,12 +221,17 @@ def spawn(
     sock_path = agent_socket_path(sandboxes_dir, name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     seccomp_fd = seccomp.filter_fd(seccomp_program) if seccomp_program else None
+    # The agent's lifeline: it exits (and the sandbox with it) when this pipe's write end, held by the
+    # server alone, closes: when the sandbox is killed, or when the server dies, however and whenever
+    # (also while bwrap is still setting the sandbox up: bwrap's own --die-with-parent has a window
+    # there).
+    lifeline_r, lifeline_w = os.pipe()
     try:
         listener.bind(str(sock_path))
         sock_path.chmod(0o600)
         listener.listen(128)
         procs_files = cgroups.create(name, template)
-        limits: dict[str, int] = {"nofile": template.nofile}
+        limits: dict[str, int] = {"nofile": template.nofile, "lifeline": lifeline_r}
         if "memory" not in cgroups.bases:
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
         if "pids" not in cgroups.bases:
@@ -236,20 +244,29 @@ def spawn(
         with os.fdopen(args_w, "wb") as args_file:
             args_file.write(b"".join(a.encode() + b"\0" for a in full[1:command_at]))
         argv = [full[0], "--args", str(args_r), *full[command_at:]]
-        if host_uid is not None:
-            # Drop to the sandbox's host uid (no supplementary groups) right before bwrap.
-            argv = [SETPRIV, f"--reuid={host_uid}", f"--regid={host_uid}", "--clear-groups", *argv]
         try:
+            # bwrap runs as the sandbox's host uid (no supplementary groups), dropped to right before it.
+            # No parent-death signal before bwrap: one that killed bwrap's outer process between its
+            # clone and its go-ahead to the inner one would leave that one blocked for good; the
+            # lifeline ends a sandbox whose server died before bwrap's own --die-with-parent was set.
             proc = launch(
                 argv,
                 procs_files,
-                (listener.fileno(), args_r, *([seccomp_fd] if seccomp_fd is not None else [])),
+                (listener.fileno(), args_r, lifeline_r, *([seccomp_fd] if seccomp_fd is not None else [])),
+                pdeathsig=False,
+                uid=host_uid,
             )
         finally:
             os.close(args_r)
+    except BaseException:
+        os.close(lifeline_w)
+        raise
     finally:
         listener.close()
+        os.close(lifeline_r)
         if seccomp_fd is not None:
             os.close(seccomp_fd)
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
-    return SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
+    sp = SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
+    sp.on_kill.append(lambda: os.close(lifeline_w))
+    return sp
