@@ -173,9 +173,16 @@ def path_param(required: bool) -> list[dict[str, Any]]:
     ]
 
 
-FS_OS = {409: "the sandbox is paused, or the path is a mount point", 507: "the sandbox's disk is full"}
+FS_OS = {
+    403: "the OS refused it: permission denied or a read-only file system (EACCES, EPERM, EROFS)",
+    409: "the sandbox is paused, the path is a mount point, or it exists, is busy or not empty",
+    507: "the sandbox's disk is full",
+}
 CONTEXT_429 = {429: "the sandbox has as many code contexts as allowed (Retry-After)"}
-PATH_400 = {400: "missing, relative or '..' path, or a file the read refuses (not regular, over the cap)"}
+PATH_400 = {
+    400: "missing, relative or '..' path, a file the read refuses (not regular, over the cap), or another "
+    "OS refusal named in the error (ENOTDIR, EIO, ...)"
+}
 SB = "/v1/sandboxes/{sandbox_id}"
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/healthz"): op(
@@ -427,6 +434,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         TOO_LARGE,
         PAUSED,
         {429: "the sandbox runs as many execs as its template allows (Retry-After)"},
+        {499: "the client went away before the answer: the cell is interrupted (nobody reads this)"},
         {
             500: "cell timeout (P: PandaStack's 500 `cell timeout`), the context died, or the sandbox "
             "is not running"

@@ -162,7 +162,9 @@ def test_405_lists_every_method_of_the_path(local_http: httpx.Client) -> None:
 
 
 def test_memory_budget_refusal_says_when_to_retry(make_local_server) -> None:
-    server = make_local_server(memory_budget_mb=1000, pool_size=0)
+    # The sum-of-limits policy (a 2 GiB base sandbox in 1000 MB); the default admission by use
+    # says the same: tests/security/test_admission_by_use.py.
+    server = make_local_server(memory_budget_mb=1000, pool_size=0, admission="limits")
     r = httpx.post(
         f"{server.url}/v1/sandboxes", json={}, headers={"Authorization": f"Bearer {server.api_key}"}
     )
