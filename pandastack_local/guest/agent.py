@@ -169,10 +169,71 @@ class ClientGone(Exception):
     """The server closed the exec's connection: its client went away."""
 
 
+# The agent is the sandbox's PID 1 (bwrap --as-pid-1, gVisor's init): every orphan of a job is
+# reparented to it, and it must reap them as an init does. It never reaps a child it waits for
+# itself (an exec's shell, a code context's python): that exit status belongs to its own wait.
+# A child is registered under the lock it was started under, so the reaper never sees it unowned.
+_CHILDREN_LOCK = threading.Lock()
+_OWN_CHILDREN: set[int] = set()
+_CHILD_STARTED = threading.Event()  # wakes the reaper when the agent had no child at all
+
+
+def start_child(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    with _CHILDREN_LOCK:
+        proc = subprocess.Popen(argv, **kwargs)
+        _OWN_CHILDREN.add(proc.pid)
+    _CHILD_STARTED.set()
+    return proc
+
+
+def _disown(proc: subprocess.Popen[bytes]) -> None:
+    """``proc`` is waited for (or given up on): from now on the reaper may collect it."""
+    _OWN_CHILDREN.discard(proc.pid)
+
+
+def _zombie_children() -> list[int]:
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == me:
+            out.append(int(name))
+    return out
+
+
+def reap_orphans() -> None:
+    """Runs for the agent's life: wait until a child has exited (without collecting it), then
+    collect every exited child that is not the agent's own."""
+    while True:
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # no child at all: orphans come only from a child's tree
+            _CHILD_STARTED.wait()
+            _CHILD_STARTED.clear()
+            continue
+        reaped = 0
+        with _CHILDREN_LOCK:
+            for pid in _zombie_children():
+                if pid not in _OWN_CHILDREN:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                        reaped += 1
+                    except ChildProcessError:
+                        pass
+        if not reaped:  # the exited child is one the agent waits for itself: give it a moment
+            time.sleep(0.05)
+
+
 def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
     timeout = float(req.get("timeout_seconds") or 0)
     try:
-        proc = subprocess.Popen(
+        proc = start_child(
             ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
             stdin=0,  # the agent's own /dev/null (main): opened once, whatever a job does to the node
             stdout=subprocess.PIPE,
@@ -239,6 +300,7 @@ def op_exec(sock: socket.socket, req: dict[str, Any]) -> None:
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
+        _disown(proc)
 
 
 def _fs_error(op: str, path: str, exc: OSError) -> dict[str, Any]:
@@ -478,7 +540,7 @@ class CodeContext:
         self.lock = threading.Lock()
         self.created, self.cells, self.closed, self.pending = time.time(), 0, False, b""
         try:
-            self.proc = subprocess.Popen(
+            self.proc = start_child(
                 ["python3", "-u", "/.pandastack/repl_kernel.py", json.dumps(caps), str(req_r), str(rep_w)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -534,6 +596,7 @@ class CodeContext:
         self.closed = True
         _kill_tree(self.proc.pid)
         self.proc.wait()
+        _disown(self.proc)
         for fd in (self.req_w, self.rep_r):
             os.close(fd)
 
@@ -761,8 +824,12 @@ class Listener:
 
 
 def main() -> None:
+    # As PID 1 the kernel drops every signal from inside the sandbox the agent has no handler for:
+    # Python's SIGINT handler would let a job's `kill -INT 1` end the sandbox.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     _setup(limits)
+    threading.Thread(target=reap_orphans, name="reaper", daemon=True).start()
     GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
     listener = Listener(sys.argv[1])
     devnull = os.open("/dev/null", os.O_RDWR)
