@@ -335,6 +335,9 @@ def test_netlink_floods_cost_the_host_at_most_the_memory_limit(flood_server, kin
 # ---- crossing 8 (and the same review for unix sockets): TCP and UDP buffers ----------------------
 @pytest.mark.parametrize("kind", ["tcp", "udp", "unix"])
 def test_socket_buffer_floods_cost_the_host_at_most_the_memory_limit(flood_server, kind) -> None:
+    if "memory" not in flood_server.active_limits():
+        # Netlink has the socket guard whatever the cgroups; these are bounded by a memory cgroup.
+        pytest.skip("no memory cgroup (a non-root server on cgroup v1): no memory wall, see docs")
     flood_within_limit(flood_server, kind)
 
 
