@@ -154,16 +154,16 @@ class SocketGuard:
         )
 
     def _kill_job(self, w: _Watched) -> int:
-        """SIGKILL every process of the sandbox but bwrap and the agent, frozen meanwhile (when
-        a freezer is there) so that none can fork past the kill."""
-        frozen = self.cgroups.freeze(w.sp.name, True)
-        try:
+        """SIGKILL every process of the sandbox but bwrap and the agent; again, for what forked
+        meanwhile. (No freezer: thawing afterwards would resume a sandbox its client paused.)"""
+        killed: set[int] = set()
+        for _ in range(3):
             pids = self.cgroups.pids(w.sp.name) or host_descendants(w.sp.pid)
-            victims = [pid for pid in pids if pid not in (w.sp.pid, w.agent)]
+            victims = [pid for pid in pids if pid not in (w.sp.pid, w.agent, *killed)]
+            if not victims:
+                break
             for pid in victims:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-        finally:
-            if frozen:
-                self.cgroups.freeze(w.sp.name, False)
-        return len(victims)
+            killed.update(victims)
+        return len(killed)
