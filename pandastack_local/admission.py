@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.templates.registry import Template
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,14 @@ SERVER_OOM_SCORE_ADJ = -900
 
 @dataclass(frozen=True)
 class Occupant:
-    """One live sandbox as admission sees it: its cgroup name and its memory limit."""
+    """One live sandbox as admission sees it: its cgroup name and its template."""
 
     name: str
-    limit_mb: int
+    template: Template
+
+    @property
+    def limit_mb(self) -> int:
+        return self.template.memory_mb
 
 
 class Admission:
@@ -135,7 +140,7 @@ class Admission:
                 continue
             killed = self.cgroups.oom_kills(o.name) > self.squeezed[o.name]
             if killed or usage[o.name] < fair:
-                self.cgroups.set_memory_limit(o.name, o.limit_mb * MB)
+                self.cgroups.set_memory_limit(o.name, self.cgroups.memory_limit_bytes(o.template))
                 del self.squeezed[o.name]
         for name in set(self.squeezed) - {o.name for o in occupants}:
             del self.squeezed[name]

@@ -321,11 +321,11 @@ class SandboxManager:
         """Who holds memory: the live sandboxes, and under the usage policy the pool too (its
         sandboxes use memory; their limits are no claim until one is taken)."""
         # A lost sandbox's processes are gone: its record holds no memory.
-        out = [Occupant(sb.id, sb.template.memory_mb) for sb in self.sandboxes.values() if not sb.ended]
+        out = [Occupant(sb.id, sb.template) for sb in self.sandboxes.values() if not sb.ended]
         if self.admission.policy == "usage":
             for name, pool in self.pool.items():
-                limit = self.templates[name].memory_mb if name in self.templates else 0
-                out += [Occupant(sp.name, limit) for sp in pool]
+                if name in self.templates:
+                    out += [Occupant(sp.name, self.templates[name]) for sp in pool]
         return out
 
     async def _pressure_loop(self) -> None:
@@ -334,7 +334,7 @@ class SandboxManager:
         while True:
             await asyncio.sleep(PRESSURE_SCAN_SECONDS)
             live = (sb for sb in self.sandboxes.values() if not sb.ended)
-            occupants = [Occupant(sb.id, sb.template.memory_mb) for sb in live]
+            occupants = [Occupant(sb.id, sb.template) for sb in live]
             squeezed = self.admission.relieve(occupants)
             if squeezed is not None and squeezed in self.sandboxes:
                 self.sandboxes[squeezed].log(

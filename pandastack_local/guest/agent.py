@@ -174,10 +174,71 @@ class ClientGone(Exception):
     """The server closed the exec's connection: its client went away."""
 
 
+# The agent is the sandbox's PID 1 (bwrap --as-pid-1, gVisor's init): every orphan of a job is
+# reparented to it, and it must reap them as an init does. It never reaps a child it waits for
+# itself (an exec's shell, a code context's python): that exit status belongs to its own wait.
+# A child is registered under the lock it was started under, so the reaper never sees it unowned.
+_CHILDREN_LOCK = threading.Lock()
+_OWN_CHILDREN: set[int] = set()
+_CHILD_STARTED = threading.Event()  # wakes the reaper when the agent had no child at all
+
+
+def start_child(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    with _CHILDREN_LOCK:
+        proc = subprocess.Popen(argv, **kwargs)
+        _OWN_CHILDREN.add(proc.pid)
+    _CHILD_STARTED.set()
+    return proc
+
+
+def _disown(proc: subprocess.Popen[bytes]) -> None:
+    """``proc`` is waited for (or given up on): from now on the reaper may collect it."""
+    _OWN_CHILDREN.discard(proc.pid)
+
+
+def _zombie_children() -> list[int]:
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == me:
+            out.append(int(name))
+    return out
+
+
+def reap_orphans() -> None:
+    """Runs for the agent's life: wait until a child has exited (without collecting it), then
+    collect every exited child that is not the agent's own."""
+    while True:
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # no child at all: orphans come only from a child's tree
+            _CHILD_STARTED.wait()
+            _CHILD_STARTED.clear()
+            continue
+        reaped = 0
+        with _CHILDREN_LOCK:
+            for pid in _zombie_children():
+                if pid not in _OWN_CHILDREN:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                        reaped += 1
+                    except ChildProcessError:
+                        pass
+        if not reaped:  # the exited child is one the agent waits for itself: give it a moment
+            time.sleep(0.05)
+
+
 def op_exec(sock: Conn, req: dict[str, Any]) -> None:
     timeout = float(req.get("timeout_seconds") or 0)
     try:
-        proc = subprocess.Popen(
+        proc = start_child(
             ["/bin/sh", "-c", OOM_FIRST + req["cmd"]],
             stdin=0,  # the agent's own /dev/null (main): opened once, whatever a job does to the node
             stdout=subprocess.PIPE,
@@ -244,6 +305,7 @@ def op_exec(sock: Conn, req: dict[str, Any]) -> None:
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
+        _disown(proc)
 
 
 def _fs_error(op: str, path: str, exc: OSError) -> dict[str, Any]:
@@ -660,7 +722,7 @@ class CodeContext:
         self.created, self.cells, self.closed, self.pending = time.time(), 0, False, b""
         self.kernel, self.kernel_start = 0, ""
         try:
-            self.proc = subprocess.Popen(
+            self.proc = start_child(
                 ["python3", "-u", "/.pandastack/repl_kernel.py", json.dumps(caps), str(kernel_end.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -771,6 +833,7 @@ class CodeContext:
         except OSError:
             pass
         self.proc.wait()
+        _disown(self.proc)
         self.chan.close()
 
 
@@ -1146,12 +1209,16 @@ def _watch_lifeline(fd: int) -> None:
 
 
 def main() -> None:
+    # As PID 1 the kernel drops every signal from inside the sandbox the agent has no handler for:
+    # Python's SIGINT handler would let a job's `kill -INT 1` end the sandbox.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     limits = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     lifeline = limits.get("lifeline")
     if isinstance(lifeline, int):
         os.set_inheritable(lifeline, False)  # the jobs get no copy
         threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
     _setup(limits)
+    threading.Thread(target=reap_orphans, name="reaper", daemon=True).start()
     GUEST_ENV.update(os.environ)  # the template's environment (bwrap --clearenv, then --setenv)
     listener = Listener(sys.argv[1])
     global SOCKET_DIR

@@ -4,6 +4,16 @@ Namespaces hide things; only cgroups bound what a job may consume. This module
 finds what the host offers (cgroup v1 hierarchies, the v2 unified tree, or
 nothing writable), creates one cgroup per sandbox under a per-server base, and
 says clearly which limits it could not apply so the server can log it once.
+
+Socket buffers: cgroup v2 charges them to ``memory.max`` with everything else.
+cgroup v1 charges TCP and UDP buffers to a counter of their own,
+``memory.kmem.tcp``, and only once it has a limit (without one they are charged
+to nothing). So on v1 a sandbox's ``memory_mb`` is split: ``socket_budget``
+(an eighth) for its socket buffers, the rest for its processes, and the kernel
+pushes back on sockets (smaller windows, dropped segments) at half the budget.
+Past its limit the kernel still grants each TCP socket one more segment, so
+many sockets can pass it: the bwrap backend's socket guard kills the job that
+holds more than the whole budget (``socket_bytes`` is what it reads).
 """
 
 from __future__ import annotations
@@ -22,6 +32,17 @@ log = logging.getLogger("pandastack_local")
 
 LIMITS = ("memory", "pids", "cpu", "freezer")
 CPU_PERIOD_US = 100000
+MIB = 1024 * 1024
+# cgroup v1: the part of memory_mb set aside for socket buffers (memory.kmem.tcp), and its floor.
+SOCKET_SHARE = 8
+MIN_SOCKET_BUDGET = 8 * MIB
+V1_TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
+V1_TCP_USAGE = "memory.kmem.tcp.usage_in_bytes"
+
+
+def socket_budget(template: Template) -> int:
+    """Bytes of socket buffers a sandbox may hold that no cgroup charges with the rest of its memory."""
+    return max(template.memory_mb * MIB // SOCKET_SHARE, MIN_SOCKET_BUDGET)
 
 
 def cpu_quota_us(cpus: int) -> int:
@@ -101,6 +122,8 @@ class Cgroups:
     bases: dict[str, Path] = field(default_factory=dict)  # limit name -> base dir
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # v1 only: the kernel has memory.kmem.tcp, so sandboxes' TCP and UDP buffers can be charged.
+    tcp_accounting: bool = False
 
     @classmethod
     def detect(cls, instance: str) -> Cgroups:
@@ -127,6 +150,13 @@ class Cgroups:
                     cg.bases[limit] = base
                 except OSError as exc:
                     cg.notes.append(f"{limit}: cannot create {base}: {exc.strerror}")
+            if "memory" in cg.bases:
+                cg.tcp_accounting = (cg.bases["memory"] / V1_TCP_LIMIT).exists()
+                if not cg.tcp_accounting:
+                    cg.notes.append(
+                        f"memory: no {V1_TCP_LIMIT} on this kernel: sandboxes' TCP and UDP buffers are "
+                        "charged to no cgroup"
+                    )
         elif v2_mount is not None:
             cg.version = "v2"
             cg._setup_v2(v2_mount[1], v2_mount[0], own.get("", "/"), base_name)
@@ -175,17 +205,28 @@ class Cgroups:
     def dirs(self, name: str) -> list[Path]:
         return sorted({base / name for base in self.bases.values()})
 
+    def memory_limit_bytes(self, template: Template) -> int:
+        """The sandbox's memory cgroup limit: ``memory_mb``, less its socket budget on v1 (there
+        TCP and UDP buffers are charged apart, to ``memory.kmem.tcp``)."""
+        mem = template.memory_mb * MIB
+        if self.version == "v1" and self.tcp_accounting:
+            mem -= socket_budget(template)
+        return mem
+
     def create(self, name: str, template: Template) -> list[Path]:
         """Make the sandbox's cgroup(s) with limits set; return the cgroup.procs files to join."""
-        mem = template.memory_mb * 1024 * 1024
+        mem = self.memory_limit_bytes(template)
         for d in self.dirs(name):
             d.mkdir(exist_ok=True)
         if self.version == "v1":
             if "memory" in self.bases:
                 d = self.bases["memory"] / name
+                sockets = socket_budget(template) if self.tcp_accounting else 0
                 _write(d / "memory.swappiness", "0")
                 _write(d / "memory.limit_in_bytes", str(mem))
                 _write(d / "memory.memsw.limit_in_bytes", str(mem))
+                if sockets:
+                    _write(d / V1_TCP_LIMIT, str(sockets // 2))
             if "pids" in self.bases:
                 _write(self.bases["pids"] / name / "pids.max", str(template.pids_max))
             if "cpu" in self.bases:
@@ -220,6 +261,16 @@ class Cgroups:
         if self.version == "v1":
             return _write(base / name / "freezer.state", "FROZEN" if frozen else "THAWED")
         return _write(base / name / "cgroup.freeze", "1" if frozen else "0")
+
+    def socket_bytes(self, name: str) -> int | None:
+        """The sandbox's TCP and UDP buffers when they are charged apart from its memory (cgroup
+        v1's memory.kmem.tcp), forced charges past the limit included; None elsewhere."""
+        if not self.tcp_accounting:
+            return None
+        try:
+            return int((self.bases["memory"] / name / V1_TCP_USAGE).read_text())
+        except (OSError, ValueError):
+            return None
 
     def oom_kills(self, name: str) -> int:
         base = self.bases.get("memory")

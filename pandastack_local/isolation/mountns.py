@@ -21,6 +21,12 @@ server's private directories (a 0700 state dir, a venv under /root, a template
 in a 0700 temp dir). ``Exposed`` binds each directory a sandbox needs (the
 guest files, template rootfs dirs, bwrap itself) under one world-traversable
 directory, in this namespace only: the sandbox's uid reaches exactly those.
+
+A bind mount shows its source's path in the sandbox's ``/proc/self/mountinfo``
+(the path inside the source file system, whatever name the bind has here). So
+what is small is not bound but copied (``Exposed.copy``) onto a tmpfs of its
+own, whose mountinfo line says ``/``: the guest files, which live in the state
+dir (by default under the server user's home).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -149,6 +156,19 @@ class Exposed:
             _libc().umount2(str(target).encode(), MNT_DETACH)
             with contextlib.suppress(OSError):
                 target.rmdir()
+
+    def copy(self, source: Path, name: str, size_mb: int = 64) -> Path:
+        """A read-only copy of the tree ``source`` on a tmpfs of its own (see the module docstring)."""
+        target = self.root / name
+        target.mkdir(mode=0o755)
+        libc = _libc()
+        options = f"size={size_mb}m,mode=755".encode()
+        _check(libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options), "tmpfs")
+        self.mounts.append(target)
+        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+        flags = MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+        _check(libc.mount(None, str(target).encode(), None, flags, options), f"remount {target} read-only")
+        return target
 
     def close(self) -> None:
         libc = _libc()

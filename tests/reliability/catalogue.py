@@ -203,15 +203,14 @@ HOSTILE_CASES = [
         "kill_everything",
         "kill(-1, SIGKILL): every process it can see",
         guest("kill_everything"),
-        FailureKind.SANDBOX_LOST,
-        "only its own sandbox's processes die: the sandbox is lost, redeliver; host untouched",
-        gvisor_kind=FailureKind.EXIT_CODE,
+        FailureKind.EXIT_CODE,
+        "only its own sandbox's processes die, but not the agent (the sandbox's PID 1 under both "
+        "backends): the job ends with an exit code, redeliver; host untouched",
     ),
 ]
 HOSTILE = {case.name: case for case in HOSTILE_CASES}
 # Under gVisor a job that exhausts its sandbox's memory loses the sentry (sandbox_lost) instead of
-# being OOM-killed alone (exit 137), and kill(-1) spares the agent (the sandbox's PID 1 there): the
-# kind differs, the class (redeliver or dead-letter) must not.
+# being OOM-killed alone (exit 137): the kind differs, the class (redeliver or dead-letter) must not.
 assert all(class_of(c.kind) is class_of(c.gvisor_kind) for c in HOSTILE_CASES if c.gvisor_kind)
 
 

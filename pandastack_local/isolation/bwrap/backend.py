@@ -9,6 +9,7 @@ from pathlib import Path
 from pandastack_local.isolation import mountns, seccomp
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap import sandbox
+from pandastack_local.isolation.bwrap.socket_guard import SocketGuard
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.isolation.process import SandboxProcess, kill, reap_leftovers
@@ -38,6 +39,7 @@ class BwrapBackend:
         self.exposed: mountns.Exposed | None = None
         self.sources: dict[str, str] = {}
         self.guest_dir = Path()
+        self.guard = SocketGuard(cgroups)
 
     def socket_path(self, sandboxes_dir: Path, name: str) -> Path:
         return sandbox.agent_socket_path(sandboxes_dir, name)
@@ -47,6 +49,10 @@ class BwrapBackend:
 
     def start(self, guest_dir: Path, templates: list[Template]) -> None:
         self.guest_dir = guest_dir
+        if mountns.private():
+            self.exposed = mountns.Exposed()
+            # Sandboxes bind a tmpfs copy: a bind of the state dir would show its path in mountinfo.
+            self.guest_dir = self.exposed.copy(guest_dir, "guest")
         if self.uids is not None:
             self._expose(templates)
         self.seccomp_program = seccomp.build_filter()
@@ -64,9 +70,10 @@ class BwrapBackend:
 
     def _expose(self, templates: list[Template]) -> None:
         """Bind what bwrap (running as the sandbox's uid) must read where that uid can reach it:
-        the guest files, every template's bind sources (rootfs, python_env, code_dirs), bwrap."""
-        self.exposed = mountns.Exposed()
-        wanted = [self.guest_dir]
+        every template's bind sources (rootfs, python_env, code_dirs) and bwrap (the guest files'
+        copy is there already)."""
+        assert self.exposed is not None
+        wanted: list[Path] = []
         for template in templates:
             if template.rootfs is not None:
                 wanted.append(template.rootfs)
@@ -86,13 +93,13 @@ class BwrapBackend:
 
     def expose_built(self, path: Path) -> None:
         """A template built after start-up: let the sandboxes' uids read it the same way."""
-        if self.exposed is not None and str(path) not in self.sources:
+        if self.uids is not None and self.exposed is not None and str(path) not in self.sources:
             self.sources[str(path)] = str(self.exposed.expose(path, f"t{len(self.sources)}"))
 
     def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> SandboxProcess:
         host_uid = self.uids.take(name) if self.uids is not None else None
         try:
-            return sandbox.spawn(
+            sp = sandbox.spawn(
                 name,
                 template,
                 sandboxes_dir,
@@ -106,8 +113,11 @@ class BwrapBackend:
         except BaseException:
             self.release(name)
             raise
+        self.guard.watch(sp, template)
+        return sp
 
     def release(self, name: str) -> None:
+        self.guard.forget(name)
         if self.uids is not None:
             self.uids.give_back(name)
 
@@ -119,5 +129,6 @@ class BwrapBackend:
         return reap_leftovers(sandboxes_dir, self.cgroups)
 
     def close(self) -> None:
+        self.guard.close()
         if self.exposed is not None:
             self.exposed.close()

@@ -5,13 +5,17 @@ net with loopback only, user, cgroup), its uid 0 mapped to an unprivileged host
 uid (``idmap``), all capabilities dropped, a seccomp filter (``seccomp``), a
 size-capped tmpfs as its whole root (``/dev/shm`` is carved out of the same
 cap; ``/dev`` itself is read-only), the host's ``/usr`` read-only, a
-synthesized ``/etc``, host kernel information files masked, and a cleared
-environment. Its init runs the agent (``guest/agent.py``). bwrap is started with
-``--die-with-parent`` so a dead server cannot leave sandboxes running (``process.launch`` gives
-every process before it a parent-death signal and a parent check, so neither can a server that
-dies mid-spawn), and it
-joins its cgroups before exec (through a tiny ``sh`` wrapper, which then drops
-to the sandbox's host uid), so no process of the sandbox ever runs outside its limits.
+synthesized ``/etc``, host kernel information files masked (the kernel command
+line and boot id synthesized), and a cleared environment. The agent
+(``guest/agent.py``) is the sandbox's PID 1 (``--as-pid-1``): no bwrap process
+lives inside the sandbox, so none holds a descriptor a job could take or shows
+a host path in ``/proc/1``, and the agent reaps orphans as an init does. bwrap is
+started with ``--die-with-parent`` so a dead server cannot leave sandboxes
+running, and it joins its cgroups before exec (through a tiny ``sh`` wrapper,
+which then drops to the sandbox's host uid), so no process of the sandbox ever
+runs outside its limits (``process.launch`` gives every process before bwrap a
+parent-death signal and a parent check, and the agent's lifeline pipe ends a sandbox whose
+server died mid-spawn).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import json
 import os
 import shutil
 import socket
+import uuid
 from pathlib import Path
 
-from pandastack_local.isolation import seccomp
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.process import GUEST_PYTHON, SandboxProcess, disk_split, launch
 from pandastack_local.templates import pythonenv
@@ -31,6 +35,10 @@ from pandastack_local.templates.registry import Template
 # Host kernel information a tenant must not read: which cgroup owns each host page (a
 # cross-tenant side channel), the host's key names, and the slab allocator's state.
 MASKED_PROC_FILES = ("kpagecgroup", "kpageflags", "kpagecount", "keys", "key-users", "slabinfo")
+# What a sandbox reads instead of the host's kernel command line (as gVisor does); its boot id is
+# a fresh one per sandbox (a neighbour cannot tell by it that they share a host).
+SANDBOX_CMDLINE = b"BOOT_IMAGE=/vmlinuz ro quiet\n"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def bwrap_binary() -> str:
@@ -67,9 +75,11 @@ def bwrap_argv(
     limits: dict[str, int],
     seccomp_fd: int | None = None,
     sources: dict[str, str] | None = None,
+    host_info_fds: tuple[int, int] | None = None,
 ) -> list[str]:
     """``sources``: host dir -> where the server exposes it to the sandbox's uid (mountns.Exposed);
-    every bind source under such a dir is read from there."""
+    every bind source under such a dir is read from there. ``host_info_fds``: pipes holding the
+    sandbox's kernel command line and boot id (``host_info``)."""
     root_bytes, shm_bytes = disk_split(template.disk_mb * 1024 * 1024)
     argv = [
         bwrap,
@@ -84,6 +94,7 @@ def bwrap_argv(
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
+        "--as-pid-1",
         "--cap-drop",
         "ALL",
         "--hostname",
@@ -103,6 +114,16 @@ def bwrap_argv(
         "/proc/sysrq-trigger",
         "/proc/sysrq-trigger",
     ]
+    if host_info_fds is not None:
+        cmdline_fd, boot_id_fd = host_info_fds
+        argv += [
+            "--ro-bind-data",
+            str(cmdline_fd),
+            "/proc/cmdline",
+            "--ro-bind-data",
+            str(boot_id_fd),
+            BOOT_ID,
+        ]
     for name in MASKED_PROC_FILES:
         if Path("/proc", name).exists():
             # A device node on a read-only, nodev bind: every open fails with EACCES.
@@ -192,6 +213,19 @@ def exposed_sources(argv: list[str], sources: dict[str, str]) -> list[str]:
     return out
 
 
+def data_fd(data: bytes) -> int:
+    """A pipe read end holding ``data`` (bwrap reads it to EOF); the caller closes it."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "wb") as w:
+        w.write(data)
+    return read_end
+
+
+def host_info() -> tuple[bytes, bytes]:
+    """The sandbox's own /proc/cmdline and boot id, in place of the host's."""
+    return SANDBOX_CMDLINE, f"{uuid.uuid4()}\n".encode()
+
+
 def agent_socket_path(sandboxes_dir: Path, name: str) -> Path:
     """Where the server listens for sandbox ``name``'s agent (bound by path: at most MAX_SOCKET_PATH)."""
     return sandboxes_dir / name / "agent.sock"
@@ -220,7 +254,10 @@ def spawn(
     directory.chmod(0o700)  # mkdir's mode is masked by the umask; the agent's socket is the server's alone
     sock_path = agent_socket_path(sandboxes_dir, name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    seccomp_fd = seccomp.filter_fd(seccomp_program) if seccomp_program else None
+    seccomp_fd = data_fd(seccomp_program) if seccomp_program else None
+    cmdline, boot_id = host_info()
+    host_info_fds = (data_fd(cmdline), data_fd(boot_id))
+    data_fds = (*host_info_fds, *([seccomp_fd] if seccomp_fd is not None else []))
     # The agent's lifeline: it exits (and the sandbox with it) when this pipe's write end, held by the
     # server alone, closes: when the sandbox is killed, or when the server dies, however and whenever
     # (also while bwrap is still setting the sandbox up: bwrap's own --die-with-parent has a window
@@ -236,13 +273,12 @@ def spawn(
             limits["as_bytes"] = template.memory_mb * 1024 * 1024
         if "pids" not in cgroups.bases:
             limits["nproc"] = template.pids_max
-        full = bwrap_argv(bwrap, guest_dir, template, listener.fileno(), limits, seccomp_fd, sources)
-        # The sandbox's init is a bwrap process whose /proc cmdline and environ the job can read:
-        # its arguments (host paths) go through a pipe, and it runs in / with no extra variables.
+        full = bwrap_argv(
+            bwrap, guest_dir, template, listener.fileno(), limits, seccomp_fd, sources, host_info_fds
+        )
+        # bwrap's own arguments (host paths) go through a pipe: the host's `ps` shows none of them.
         command_at = full.index(GUEST_PYTHON)
-        args_r, args_w = os.pipe()
-        with os.fdopen(args_w, "wb") as args_file:
-            args_file.write(b"".join(a.encode() + b"\0" for a in full[1:command_at]))
+        args_r = data_fd(b"".join(a.encode() + b"\0" for a in full[1:command_at]))
         argv = [full[0], "--args", str(args_r), *full[command_at:]]
         try:
             # bwrap runs as the sandbox's host uid (no supplementary groups), dropped to right before it.
@@ -252,7 +288,7 @@ def spawn(
             proc = launch(
                 argv,
                 procs_files,
-                (listener.fileno(), args_r, lifeline_r, *([seccomp_fd] if seccomp_fd is not None else [])),
+                (listener.fileno(), args_r, lifeline_r, *data_fds),
                 pdeathsig=False,
                 uid=host_uid,
             )
@@ -264,8 +300,8 @@ def spawn(
     finally:
         listener.close()
         os.close(lifeline_r)
-        if seccomp_fd is not None:
-            os.close(seccomp_fd)
+        for fd in data_fds:
+            os.close(fd)
     (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
     sp = SandboxProcess(name=name, proc=proc, directory=directory, socket_path=sock_path)
     sp.on_kill.append(lambda: os.close(lifeline_w))
