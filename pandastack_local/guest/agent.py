@@ -1186,7 +1186,10 @@ class Listener:
             return
         self.quiescing.set()
         os.write(self.wake_w, b"q")
-        self.closed.wait(QUIESCE_WAIT_SECONDS)
+        if not self.closed.wait(QUIESCE_WAIT_SECONDS):  # (a job can read the wake pipe dry)
+            self.quiescing.clear()
+            conn.sendall(pack_json({"error": "the agent did not close its listener", "errno": "EBUSY"}))
+            return
         deadline = time.monotonic() + QUIESCE_WAIT_SECONDS
         while time.monotonic() < deadline:
             with self.lock:

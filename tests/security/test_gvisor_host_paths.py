@@ -458,9 +458,69 @@ def test_the_server_links_only_a_socket_the_sandbox_bound(tmp_path: Path) -> Non
             client = socket.socket(socket.AF_UNIX)
             client.connect(str(directory / "agent.sock"))
             client.close()
+            # After a checkpoint the old socket is never linked again (a job that says
+            # "listening" before the agent has bound its new one gets nothing linked).
+            (directory / "agent.sock").unlink()
+            st = planted.stat()
+            assert link_agent_socket(directory, owner, (st.st_dev, st.st_ino)) is False
         own.close()
     finally:
         decoy.close()
+
+
+PIPE_FLOOD = r"""
+import errno, json, os, sys, time
+# Every descriptor of the sandbox's other processes this job can open for writing (under gVisor
+# the agent's, through /proc/1/fd: its pipes to the server among them), flooded for a while.
+seconds, targets, out = float(sys.argv[1]), [], {"opened": [], "written": 0}
+own = {os.readlink(f"/proc/self/fd/{n}") for n in (0, 1, 2)}  # the exec's own pipes
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        if os.getsid(int(pid)) == os.getsid(0):
+            continue  # this exec's own session (its output pipe is the exec's reply)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        continue
+    for n in fds:
+        try:
+            fd = os.open(f"/proc/{pid}/fd/{n}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        if os.readlink(f"/proc/{pid}/fd/{n}") not in own | {"/dev/null"}:
+            targets.append(fd)
+            out["opened"].append(f"{pid}/{n}")
+end = time.monotonic() + seconds
+while time.monotonic() < end and targets:
+    for fd in targets:
+        try:
+            out["written"] += os.write(fd, b"L" * 4096)
+        except OSError:
+            pass
+    time.sleep(0)
+print(json.dumps(out))
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_job_writing_into_the_agents_pipes_costs_the_server_nothing(
+    security_server: LocalServer, sandbox: Any, run_script: Callable[..., dict[str, Any]]
+) -> None:
+    """Under gVisor a job can open the agent's descriptors through /proc/1/fd (the sentry grants
+    a same-uid process what Linux refuses for a non-dumpable one), the server's pipes among
+    them. The server reads the listening pipe only while it waits for a bind, so a flood fills
+    the pipe and stops there. (Before: every byte woke the server's event loop for a link check.)"""
+    assert security_server.pid is not None
+    spent = {}
+    for what, script in (("idle", "import time; time.sleep(3); print('{}')"), ("flood", PIPE_FLOOD)):
+        before = _cpu_seconds(security_server.pid)
+        report = run_script(sandbox, script, 3)
+        spent[what] = _cpu_seconds(security_server.pid) - before
+    assert spent["flood"] < spent["idle"] + 0.1, f"server CPU, s: {spent}; the job: {report}"
+    assert sandbox.exec("echo up").stdout == "up\n"
 
 
 # ---- 5. modes ------------------------------------------------------------------------------------

@@ -301,11 +301,12 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def link_agent_socket(directory: Path, owner: int) -> bool:
+def link_agent_socket(directory: Path, owner: int, stale: tuple[int, int] | None = None) -> bool:
     """Link the socket the agent bound in ``directory/s`` as ``directory/agent.sock``, the name
     the server connects to, if it is one the sandbox made: opened from the server's own
     ``directory`` without following a link, a socket, owned by ``owner`` (the sandbox's host
-    uid), with no other name. False (and the link left as it was) for anything else."""
+    uid), with no other name, and not ``stale`` (the (device, inode) of the socket it had before
+    a checkpoint: the agent binds a new one). False (and the link left as it was) otherwise."""
     flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         sock_dir = os.open(directory / "s", flags | os.O_DIRECTORY)
@@ -320,7 +321,7 @@ def link_agent_socket(directory: Path, owner: int) -> bool:
     link = directory / AGENT_SOCKET
     try:
         st = os.fstat(found)
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != owner:
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != owner or (st.st_dev, st.st_ino) == stale:
             return False
         with contextlib.suppress(OSError):
             current = os.stat(link, follow_symlinks=False)
@@ -360,6 +361,13 @@ class SandboxHost:
     directory: Path
     owner: int = 0  # the host uid of its root (what the agent's socket is owned by)
     resume: int = -1  # the resume pipe's write end: the go-ahead after a checkpoint
+    # The listening pipe's read end, read on ``loop`` only while the server waits for a bind
+    # (a job can write it too, through /proc/1/fd under gVisor: otherwise a flood stops at a
+    # full pipe), and the socket the agent had before its last checkpoint.
+    listening: int = -1
+    loop: asyncio.AbstractEventLoop | None = None
+    watching: bool = False
+    stale: tuple[int, int] | None = None
     exposed: list[Path] = dataclasses.field(default_factory=list)  # its root and socket dir, for its uid
 
 
@@ -476,22 +484,18 @@ class GvisorBackend:
         procs_files = self.cgroups.create(name, dataclasses.replace(template, pids_max=host_pids))
         argv = self._runsc(directory, *command, "--bundle", str(bundle), name)
         resume_r, host.resume = os.pipe()
-        listening_r, listening_w = os.pipe()
+        host.listening, listening_w = os.pipe()
         os.set_blocking(host.resume, False)
-        os.set_blocking(listening_r, False)
+        os.set_blocking(host.listening, False)
         if resume:  # a restored agent waits for this before listening again
             os.write(host.resume, RESUME)
         try:
             proc = process.launch(argv, procs_files, pdeathsig=True, stdin=resume_r, stdout=listening_w)
-        except BaseException:
-            os.close(listening_r)
-            raise
         finally:
             os.close(resume_r)
             os.close(listening_w)
-        asyncio.get_running_loop().add_reader(
-            listening_r, self._agent_listening, directory, host.owner, listening_r
-        )
+        host.loop = asyncio.get_running_loop()
+        self._watch(host)
         (directory / "record.json").write_text(json.dumps({"name": name, "pid": proc.pid}))
         return proc
 
@@ -533,8 +537,12 @@ class GvisorBackend:
 
     def checkpoint(self, sp: process.SandboxProcess, image: Path, leave_running: bool = True) -> None:
         """Write ``sp``'s image (its agent has quiesced); the sandbox keeps running unless told.
-        The server's link to the old socket goes first: the agent relinks when it listens again."""
+        The server's link to the old socket goes first: the agent's next bind is linked anew."""
+        host = self.sandboxes.get(sp.name)
         with contextlib.suppress(FileNotFoundError):
+            st = sp.socket_path.lstat()
+            if host is not None:
+                host.stale = (st.st_dev, st.st_ino)
             sp.socket_path.unlink()
         argv = self._runsc(
             sp.directory,
@@ -554,19 +562,33 @@ class GvisorBackend:
         if out.returncode != 0:
             raise RuntimeError(f"runsc checkpoint failed: {(out.stderr or out.stdout).strip()[-500:]}")
 
-    def _agent_listening(self, directory: Path, owner: int, fd: int) -> None:
+    def _watch(self, host: SandboxHost) -> None:
+        """Wait for the agent's "listening" (on the event loop)."""
+        if host.loop is not None and host.listening >= 0 and not host.watching:
+            host.loop.add_reader(host.listening, self._agent_listening, host)
+            host.watching = True
+
+    def _unwatch(self, host: SandboxHost, close: bool = False) -> None:
+        """Stop reading the listening pipe (on the event loop); ``close``: it is done with."""
+        if host.watching and host.loop is not None:
+            host.loop.remove_reader(host.listening)
+            host.watching = False
+        if close and host.listening >= 0:
+            os.close(host.listening)
+            host.listening = -1
+
+    def _agent_listening(self, host: SandboxHost) -> None:
         """The agent said it bound its socket (or its sandbox ended: EOF). On the event loop."""
         try:
-            said = os.read(fd, 4096)
+            said = os.read(host.listening, 4096)
         except BlockingIOError:
             return
         except OSError:
             said = b""
-        if said:
-            link_agent_socket(directory, owner)
-            return
-        asyncio.get_running_loop().remove_reader(fd)
-        os.close(fd)
+        if not said:
+            self._unwatch(host, close=True)
+        elif link_agent_socket(host.directory, host.owner, host.stale):
+            self._unwatch(host)  # linked: nothing more to read until the next checkpoint
 
     def prepare_quiesce(self, sp: process.SandboxProcess) -> None:
         """Before a checkpoint (nothing to prepare: the go-ahead is a byte on the resume pipe)."""
@@ -575,6 +597,7 @@ class GvisorBackend:
         """Let the checkpointed parent's agent listen again (it says so when it does)."""
         host = self.sandboxes.get(sp.name)
         if host is not None and host.resume >= 0:
+            self._watch(host)
             with contextlib.suppress(OSError):  # a full pipe: a go-ahead is already waiting
                 os.write(host.resume, RESUME)
 
@@ -583,13 +606,20 @@ class GvisorBackend:
         self._release(sp.name)
 
     def _release(self, name: str) -> None:
-        """What the server holds for a sandbox that is gone: its resume pipe, its socket dir's
-        exposure, its uids (the listening pipe ends with its processes: _agent_listening)."""
+        """What the server holds for a sandbox that is gone: its pipes, its root's and socket
+        dir's exposures, its uids. (From a worker thread: the listening pipe is closed on the loop.)"""
         host = self.sandboxes.pop(name, None)
         if host is None:
             return
         if host.resume >= 0:
             os.close(host.resume)
+        try:
+            if host.loop is None:
+                raise RuntimeError("never watched")
+            host.loop.call_soon_threadsafe(self._unwatch, host, True)
+        except RuntimeError:  # no loop reads the pipe (any more)
+            host.watching = False
+            self._unwatch(host, close=True)
         if self.exposed is not None:
             for target in host.exposed:
                 self.exposed.conceal(target)
