@@ -140,9 +140,10 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Every process of this sandbox in session ``sid`` (the exec's tree)."""
-    pids = []
+def _processes() -> list[tuple[int, bytes, int, int]]:
+    """(pid, state, parent pid, session id) of every process of this sandbox, from /proc: the one
+    walk behind the exec's tree kill, the reaper and a code context's close."""
+    out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -152,9 +153,14 @@ def _session_pids(sid: int) -> list[int]:
         except OSError:
             continue
         fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            pids.append(int(name))
-    return pids
+        if len(fields) > 3:
+            out.append((int(name), fields[0], int(fields[1]), int(fields[3])))
+    return out
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Every process of this sandbox in session ``sid`` (the exec's tree)."""
+    return [pid for pid, _state, _ppid, session in _processes() if session == sid]
 
 
 def _kill_tree(sid: int) -> None:
@@ -197,19 +203,8 @@ def _disown(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _zombie_children() -> list[int]:
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and fields[0] == b"Z" and int(fields[1]) == me:
-            out.append(int(name))
-    return out
+    me = os.getpid()
+    return [pid for pid, state, ppid, _sid in _processes() if state == b"Z" and ppid == me]
 
 
 def reap_orphans() -> None:
@@ -647,15 +642,8 @@ def _descendants(root: int) -> list[int]:
     """Every process below ``root`` in the sandbox (children, theirs, ...): a code context's
     supervisor is a subreaper, so what the context started stays below it whatever its session."""
     children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        children.setdefault(int(data[data.rfind(b")") + 2 :].split()[1]), []).append(int(name))
+    for pid, _state, ppid, _sid in _processes():
+        children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):

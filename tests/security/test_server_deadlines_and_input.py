@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -105,6 +106,37 @@ def host_processes(server: LocalServer) -> set[int]:
     return set(descendants(server.pid))
 
 
+def stop_agent(server: LocalServer, before: set[int], delay: float) -> str:
+    """Stop the sandbox's agent ``delay`` s from now; returns what the job must run for it.
+
+    Under gVisor a job can stop its own agent (``kill -STOP $PPID``: the sentry delivers it to its
+    init), the issue's crossing. Under bwrap it cannot: the agent is the sandbox's PID 1, whose
+    SIGSTOP from inside the kernel drops (test_kernel_resources.py). There the test stops it from
+    the host instead, standing in for an agent that hangs; the server's deadlines are the same."""
+    if GVISOR:
+        return f"(sleep {delay}; kill -STOP $PPID) >/dev/null 2>&1 &"
+    agents = [
+        pid
+        for pid in host_processes(server) - before
+        # the agent itself, not bwrap's outer process (whose argv names it too)
+        if _cmdline(pid).split(b"\0")[:1] == [b"/usr/bin/python3"]
+        and b"/.pandastack/agent.py" in _cmdline(pid)
+    ]
+    assert len(agents) == 1, agents
+    timer = threading.Timer(delay, os.kill, (agents[0], signal.SIGSTOP))
+    timer.daemon = True
+    timer.start()
+    return "true"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def open_context(http: httpx.Client, sid: str) -> str:
     r = http.post(f"/v1/sandboxes/{sid}/repl/sessions", json={"language": "python"})
     assert r.status_code == 201, r.text
@@ -144,9 +176,10 @@ def test_an_exec_that_stops_its_agent_ends_with_a_clear_error_and_the_sandbox_is
     before = host_processes(server)
     sid = make_sandbox(ttl=300)  # no TTL in the way: the silence deadline alone ends it
     mine = host_processes(server) - before
+    stop = stop_agent(server, before, 0.5)
     started = time.monotonic()
     try:
-        r = http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "kill -STOP $PPID; sleep 600"}, timeout=45)
+        r = http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": f"{stop}\nsleep 600"}, timeout=45)
     except httpx.ReadTimeout:
         pytest.fail("the exec to a stopped agent never answered (no deadline)")
     took = time.monotonic() - started
@@ -161,10 +194,11 @@ def test_an_exec_that_stops_its_agent_ends_with_a_clear_error_and_the_sandbox_is
 
 
 def test_an_agent_stopped_between_requests_ends_the_next_one_and_the_ttl_still_fires(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    server: LocalServer, http: httpx.Client, make_sandbox: Callable[..., str]
 ) -> None:
+    before = host_processes(server)
     sid = make_sandbox(ttl=3)
-    run(http, sid, "(sleep 0.5; kill -STOP $PPID) >/dev/null 2>&1 &")
+    run(http, sid, stop_agent(server, before, 0.5))
     time.sleep(1.5)
     started = time.monotonic()
     try:
@@ -182,11 +216,12 @@ def test_an_agent_stopped_between_requests_ends_the_next_one_and_the_ttl_still_f
 
 
 def test_a_code_context_run_to_a_stopped_agent_ends_quickly(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    server: LocalServer, http: httpx.Client, make_sandbox: Callable[..., str]
 ) -> None:
+    before = host_processes(server)
     sid = make_sandbox()
     cid = open_context(http, sid)
-    run(http, sid, "(sleep 1; kill -STOP $PPID) >/dev/null 2>&1 &")
+    run(http, sid, stop_agent(server, before, 1))
     started = time.monotonic()
     try:
         r = http.post(
@@ -203,16 +238,18 @@ def test_a_code_context_run_to_a_stopped_agent_ends_quickly(
 
 
 def test_idle_seconds_counts_while_a_request_waits_on_a_silent_agent(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    server: LocalServer, http: httpx.Client, make_sandbox: Callable[..., str]
 ) -> None:
     """The issue's observation: ``idle_seconds`` stayed 0 long past a 3 s TTL while a request to
     the stopped agent was in flight. A request counts as activity only while the agent answers."""
+    before = host_processes(server)
     sid = make_sandbox(ttl=300)
     done = threading.Event()
+    stop = stop_agent(server, before, 0.5)
 
     def stuck_exec() -> None:
         with contextlib.suppress(httpx.HTTPError):
-            http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "kill -STOP $PPID; sleep 600"}, timeout=45)
+            http.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": f"{stop}\nsleep 600"}, timeout=45)
         done.set()
 
     threading.Thread(target=stuck_exec, daemon=True).start()
