@@ -1033,6 +1033,14 @@ def _copy_tree(src: str, dst: str) -> None:
 SOCKET_DIR = ""
 
 
+def _read_some(fd: int) -> None:
+    """One read of what a non-blocking pipe holds (a bounded drain: a writer may never stop)."""
+    try:
+        os.read(fd, CHUNK)
+    except BlockingIOError:
+        pass
+
+
 def _dac_override(raised: bool) -> None:
     """Raise (or drop) CAP_DAC_OVERRIDE in this thread's effective set where it is permitted
     (gVisor gives the agent that one, for its socket dir; no process it starts can have it)."""
@@ -1081,6 +1089,8 @@ class Listener:
         # fds 0 and 1 at /dev/null).
         self.resume_fd = os.dup(0) if self.path else -1
         self.listening_fd = os.dup(1) if self.path else -1
+        if self.path:  # a full pipe (a job can fill it too) must not hold the agent: the server
+            os.set_blocking(self.listening_fd, False)  # reads it whenever it waits for a bind
         self.sock = socket.socket(fileno=int(spec)) if not self.path else self._bind()
         self.sock.set_inheritable(False)
         self.wake_r, self.wake_w = os.pipe()
@@ -1107,7 +1117,7 @@ class Listener:
         sock.listen(128)
         try:
             os.write(self.listening_fd, b"L")
-        except OSError:  # the server has gone: the sandbox goes with it
+        except OSError:  # full (what is in it wakes the server just as well), or the server has gone
             pass
         return sock
 
@@ -1116,7 +1126,7 @@ class Listener:
         sel.register(self.sock, selectors.EVENT_READ)
         sel.register(self.wake_r, selectors.EVENT_READ)
         while True:
-            sel.select()
+            ready = {key.fd for key, _ in sel.select()}
             if self.quiescing.is_set():
                 sel.unregister(self.sock)
                 self.sock.close()
@@ -1126,6 +1136,10 @@ class Listener:
                 self.sock = self._bind()
                 sel.register(self.sock, selectors.EVENT_READ)
                 continue
+            if self.wake_r in ready:  # a stray wake-up: under gVisor a job can write this pipe
+                _read_some(self.wake_r)
+            if self.sock.fileno() not in ready:
+                continue  # (never block in accept: a quiesce must be seen at once)
             try:
                 conn, _ = self.sock.accept()
             except OSError:  # EMFILE and the like: the agent must outlive a burst of requests
@@ -1150,20 +1164,15 @@ class Listener:
             self.open_conns -= 1
 
     def _drain_resume(self) -> None:
-        while select.select([self.resume_fd], [], [], 0)[0]:
-            if not os.read(self.resume_fd, 64):
-                os._exit(0)  # the server closed it: it has gone, and so does the sandbox
+        if select.select([self.resume_fd], [], [], 0)[0] and not os.read(self.resume_fd, CHUNK):
+            os._exit(0)  # the server closed it: it has gone, and so does the sandbox
 
     def _await_resume(self) -> None:
         """Wait for the server's go-ahead (a byte on the resume pipe) before listening again: in
         the checkpointed parent once its image is written, in a restored child at once."""
         if not os.read(self.resume_fd, 64):
             os._exit(0)
-        try:
-            while os.read(self.wake_r, 64):
-                pass
-        except BlockingIOError:
-            pass
+        _read_some(self.wake_r)  # once: what a job writes there must not keep the agent here
         self.quiescing.clear()
 
     def quiesce(self, conn: Conn) -> None:

@@ -233,7 +233,8 @@ def _remove_entry(top: int, name: str, deadline: float | None) -> bool:
     except FileNotFoundError:
         return True
     if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=top)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=top)
         return True
     fd = _open_dir(top, name, st)
     if fd < 0:
@@ -257,7 +258,8 @@ def _remove_entry(top: int, name: str, deadline: float | None) -> bool:
             if len(names) == 1:
                 os.close(fd)
                 fd = -1
-                os.rmdir(name, dir_fd=top)
+                with contextlib.suppress(FileNotFoundError):  # (another deletion got there first)
+                    os.rmdir(name, dir_fd=top)
                 return True
             up = os.open("..", _DIR_FLAGS, dir_fd=fd)
             up_st = os.fstat(up)
@@ -266,7 +268,8 @@ def _remove_entry(top: int, name: str, deadline: float | None) -> bool:
                 return False
             os.close(fd)
             fd = up
-            os.rmdir(names.pop(), dir_fd=fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(names.pop(), dir_fd=fd)
             ids.pop()
     finally:
         if fd >= 0:
@@ -293,9 +296,9 @@ def _unlink_files_until_a_dir(fd: int) -> tuple[str, os.stat_result] | None:
     one is: its (name, lstat); None once ``fd`` is empty."""
     with os.scandir(fd) as entries:  # closing rewinds the shared offset (fd-based scandir)
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                return entry.name, entry.stat(follow_symlinks=False)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):  # (gone since it was listed)
+                if entry.is_dir(follow_symlinks=False):
+                    return entry.name, entry.stat(follow_symlinks=False)
                 os.unlink(entry.name, dir_fd=fd)
     return None
 

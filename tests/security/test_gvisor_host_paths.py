@@ -507,7 +507,10 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_a_job_writing_into_the_agents_pipes_costs_the_server_nothing(
-    security_server: LocalServer, sandbox: Any, run_script: Callable[..., dict[str, Any]]
+    security_server: LocalServer,
+    security_client: Any,
+    sandbox: Any,
+    run_script: Callable[..., dict[str, Any]],
 ) -> None:
     """Under gVisor a job can open the agent's descriptors through /proc/1/fd (the sentry grants
     a same-uid process what Linux refuses for a non-dumpable one), the server's pipes among
@@ -521,6 +524,17 @@ def test_a_job_writing_into_the_agents_pipes_costs_the_server_nothing(
         spent[what] = _cpu_seconds(security_server.pid) - before
     assert spent["flood"] < spent["idle"] + 0.1, f"server CPU, s: {spent}; the job: {report}"
     assert sandbox.exec("echo up").stdout == "up\n"
+    # A fork while the flood goes on: the agent's "listening" after its new bind neither waits
+    # for room in the pipe nor gets lost, and both sides keep serving.
+    sandbox.exec("nohup python3 /work/attack.py 4 >/dev/null 2>&1 &")
+    time.sleep(0.5)
+    children = security_client.sandboxes.fork_tree(sandbox.id, 1)
+    try:
+        for box in (sandbox, *children):
+            assert box.exec("echo up", timeout_seconds=20).stdout == "up\n"
+    finally:
+        for child in children:
+            child.kill()
 
 
 # ---- 5. modes ------------------------------------------------------------------------------------
