@@ -77,9 +77,17 @@ class Admission:
         return sum(max(self._usage_bytes(o.name) // MB, START_RESERVE_MB) for o in occupants)
 
     def refusal(
-        self, occupants: Iterable[Occupant], pending_mb: int, pending: int, limit_mb: int, count: int
+        self,
+        occupants: Iterable[Occupant],
+        pending_mb: int,
+        pending: int,
+        limit_mb: int,
+        count: int,
+        copy_of: str | None = None,
     ) -> str | None:
-        """None when ``count`` sandboxes of ``limit_mb`` fit, else the 507's message."""
+        """None when ``count`` sandboxes of ``limit_mb`` fit, else the 507's message. ``copy_of``:
+        they are forks of that sandbox, and each starts with a copy of what it uses (memory under
+        gVisor, its disk's tmpfs pages under bwrap), not with the start reserve."""
         if self.budget_mb is None:
             return None
         used = self.used_mb(occupants)
@@ -88,7 +96,10 @@ class Admission:
             need = limit_mb * count
         else:
             used += pending * START_RESERVE_MB
-            need = min(limit_mb, START_RESERVE_MB) * count
+            each = START_RESERVE_MB
+            if copy_of is not None:
+                each = max(each, self._usage_bytes(copy_of) // MB)
+            need = min(limit_mb, each) * count
         if used + need <= self.budget_mb:
             return None
         basis = "in use" if self.policy == "usage" else "of memory limits"

@@ -307,12 +307,12 @@ class SandboxManager:
             self.backend.expose_built(template.built)
         return template
 
-    def _admit(self, template: Template, count: int = 1) -> None:
+    def _admit(self, template: Template, count: int = 1, copy_of: str | None = None) -> None:
         limit = self.config.max_sandboxes
         if limit is not None and len(self.sandboxes) + self.pending + count > limit:
             raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})
         refusal = self.admission.refusal(
-            self._occupants(), self.pending_memory_mb, self.pending, template.memory_mb, count
+            self._occupants(), self.pending_memory_mb, self.pending, template.memory_mb, count, copy_of
         )
         if refusal is not None:
             raise ApiError(507, refusal, {"Retry-After": CAPACITY_RETRY_AFTER})
@@ -506,7 +506,7 @@ class SandboxManager:
         disk. Under gVisor a memory fork: see ``_memory_fork``."""
         if count < 1 or count > MAX_FORK_COUNT:
             raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}: got {count}")
-        self._admit(parent.template, count)
+        self._admit(parent.template, count, copy_of=parent.id)
         forker = self.backend.memory_forker()
         if forker is not None:
             return await self._memory_fork(forker, parent, count)

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from pandastack_local import __version__
-from pandastack_local.limits import MAX_COMMAND_BYTES
+from pandastack_local.limits import MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_SECONDS, MAX_TTL_SECONDS
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 INT = {"type": "integer"}
@@ -76,7 +76,7 @@ BODIES: dict[str, dict[str, Any]] = {
         "properties": {
             "template": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"},
             "metadata": {"type": "object", "additionalProperties": STR},
-            "ttl_seconds": {"type": "integer", "minimum": 0},
+            "ttl_seconds": {"type": "integer", "minimum": 0, "maximum": MAX_TTL_SECONDS},
             "persistent": BOOL,
         },
     },
@@ -85,12 +85,15 @@ BODIES: dict[str, dict[str, Any]] = {
         "required": ["cmd"],
         "properties": {
             "cmd": {"type": "string", "minLength": 1, "maxLength": MAX_COMMAND_BYTES // 4, "pattern": NO_NUL},
-            "timeout_seconds": {"type": "integer", "minimum": 0},
+            "timeout_seconds": {"type": "integer", "minimum": 0, "maximum": MAX_EXEC_TIMEOUT_SECONDS},
         },
     },
     "lifecycle": {
         "type": "object",
-        "properties": {"ttl_seconds": {"type": "integer", "minimum": 1}, "persistent": BOOL},
+        "properties": {
+            "ttl_seconds": {"type": "integer", "minimum": 1, "maximum": MAX_TTL_SECONDS},
+            "persistent": BOOL,
+        },
     },
     "fork": {"type": "object", "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 16}}},
     "context": {"type": "object", "properties": {"language": {"enum": ["python", "py", "python3"]}}},

@@ -18,6 +18,7 @@ deadline means a stopped or hung agent, not a slow command).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -426,6 +427,21 @@ def list_capped(sock: Conn, path: str, cap: int) -> None:
     FrameWriter(sock).write(json.dumps(entries).encode())
 
 
+def _make_parents(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` without recursion: a client can name a path deeper
+    than the agent's thread stack (os.makedirs recursed once per level, and crashed it)."""
+    missing = []
+    while path and path != "/" and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+
+
 def op_fs(sock: Conn, req: dict[str, Any]) -> None:
     op, path = req["op"], req["path"]
     try:
@@ -435,9 +451,7 @@ def op_fs(sock: Conn, req: dict[str, Any]) -> None:
         elif op == "write":
             reader = FrameReader(sock)
             try:
-                parent = os.path.dirname(path)
-                if parent:
-                    os.makedirs(parent, exist_ok=True)
+                _make_parents(os.path.dirname(path))
                 fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             except (OSError, Refused):
                 while reader.read(CHUNK):  # take the upload first, so the refusal is what the server reads
@@ -493,11 +507,46 @@ def _remove_all(path: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        import shutil
-
-        shutil.rmtree(target)
+        _remove_dir_tree(target)
     else:
         os.unlink(target)
+
+
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _remove_dir_tree(path: str) -> None:
+    """Delete the directory ``path`` and all below it without recursion (a job can make a tree
+    deeper than Python's stack) and by descriptor (deeper than PATH_MAX), two open at most: go
+    down to a directory with no subdirectory, unlinking files on the way, then climb by ".."."""
+    parent, name = os.path.split(path.rstrip("/"))
+    up = os.open(parent or "/", _DIR_OPEN)
+    try:
+        fd = os.open(name, _DIR_OPEN | os.O_NOFOLLOW, dir_fd=up)
+    finally:
+        os.close(up)
+    names = [name]
+    try:
+        while names:
+            with os.scandir(fd) as listing:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in listing]
+            sub = next((n for n, is_dir in entries if is_dir), None)
+            for entry, is_dir in entries:
+                if not is_dir:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry, dir_fd=fd)
+            if sub is not None:
+                child = os.open(sub, _DIR_OPEN | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd, names = child, [*names, sub]
+                continue
+            up = os.open("..", _DIR_OPEN, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _disk_bytes(cap: int) -> tuple[int, str]:
@@ -972,6 +1021,12 @@ def handle(sock: socket.socket, listener: Listener | None = None) -> None:
     except Refused as exc:
         try:
             conn.sendall(pack_json({"error": str(exc), "errno": exc.code}))
+        except OSError:
+            pass
+    except RecursionError:  # a path or tree deeper than the agent walks (a job can make one)
+        try:
+            reply = {"error": "path or tree too deep for this operation", "errno": "ELOOP"}
+            conn.sendall(pack_json(reply))
         except OSError:
             pass
     except (EOFError, OSError, ValueError):

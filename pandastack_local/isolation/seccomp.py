@@ -47,6 +47,8 @@ DENIED: dict[str, str] = {
     "io_uring_setup": "io_uring: large, fast-moving kernel surface, bypasses the other syscall checks",
     "io_uring_enter": "io_uring (see io_uring_setup)",
     "io_uring_register": "io_uring (see io_uring_setup)",
+    "io_setup": "native AIO contexts count against the host-wide fs.aio-max-nr: one sandbox could "
+    "claim them all (a red-team finding); programs fall back to threads",
     "bpf": "loading kernel programs",
     "perf_event_open": "kernel/hardware performance counters: side channels and kernel surface",
     "userfaultfd": "stalls kernel threads at will: a classic exploit primitive",

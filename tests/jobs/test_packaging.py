@@ -26,19 +26,27 @@ PACKAGES = ["pandastack_jobs"] + [
     for package, engine in (("airflow_provider", "airflow"), ("prefect_blocks", "prefect"))
     if find_spec(engine)
 ]
+# The queue transports' client libraries: the [queue] extra's (each transport module imports its
+# own; the consumer imports a transport only for its broker's scheme).
+OPTIONAL_MODULES = ("redis", "psycopg", "pika", "boto3", "botocore", "moto")
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
 package = importlib.import_module(sys.argv[1])
+optional = set(sys.argv[2].split(","))
 for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-    importlib.import_module(module.name)
-server = set(sys.argv[2:])
+    try:
+        importlib.import_module(module.name)
+    except ModuleNotFoundError as exc:  # a transport whose extra is not installed
+        if (exc.name or "").split(".")[0] not in optional:
+            raise
+server = set(sys.argv[3:])
 print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in server)))
 """
 
 
 def imported_server_modules(package: str) -> list[str]:
     proc = subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL, package, *SERVER_MODULES],
+        [sys.executable, "-c", IMPORT_ALL, package, ",".join(OPTIONAL_MODULES), *SERVER_MODULES],
         capture_output=True,
         text=True,
         timeout=300,

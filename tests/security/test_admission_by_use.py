@@ -156,3 +156,27 @@ def test_the_hosts_oom_killer_passes_over_the_server_not_the_sandboxes(local_ser
     with ps_client.sandboxes.create(template="base") as sb:
         out = sb.exec("cat /proc/1/oom_score_adj /proc/self/oom_score_adj").stdout.split()
     assert out == ["0", "1000"], out
+
+
+def test_a_fork_is_admitted_by_what_each_child_copies(make_local_server, make_template) -> None:
+    """A red-team finding: each fork child was counted as the 32 MB start reserve, whatever its
+    parent held, so one fork of 16 took the host 2.2 GB past a 900 MB budget. A child starts with
+    a copy of its parent's use (memory under gVisor, its disk's tmpfs pages under bwrap)."""
+    roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=512)
+    server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=900)
+    _needs_memory_cgroup(server)
+    client = server.client()
+    parent = client.sandboxes.create(template="roomy")
+    try:
+        assert parent.exec("head -c 100M /dev/zero > /work/blob && echo ok").stdout == "ok\n"
+        headers = {"Authorization": f"Bearer {server.api_key}"}
+        r = httpx.post(f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 16}, headers=headers)
+        assert r.status_code == 507, r.text
+        assert r.headers.get("Retry-After") == "1" and "insufficient host memory" in r.json()["error"]
+        assert [sb.id for sb in client.sandboxes.list()] == [parent.id]
+        one = httpx.post(f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 1}, headers=headers)
+        assert one.status_code == 201, one.text
+        for child in one.json()["children"]:
+            client.sandboxes.delete(child)
+    finally:
+        parent.kill()

@@ -62,7 +62,12 @@ def bool_field(body: dict[str, Any], key: str, default: bool = False) -> bool:
 
 
 def int_field(
-    body: dict[str, Any], key: str, default: int | None = None, *, minimum: int | None = None
+    body: dict[str, Any],
+    key: str,
+    default: int | None = None,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
 ) -> int | None:
     if key not in body:
         return default
@@ -73,6 +78,8 @@ def int_field(
         raise ApiError(400, f"{key} must be an integer, not {json.dumps(value)[:40]}")
     if minimum is not None and value < minimum:
         raise ApiError(400, f"{key} must not be negative" if minimum == 0 else f"{key} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ApiError(400, f"{key} must be at most {maximum}")
     return value
 
 

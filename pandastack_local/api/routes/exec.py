@@ -28,6 +28,7 @@ from pandastack_local.limits import (
     LOG_OUTPUT_CHARS,
     MAX_COMMAND_BYTES,
     MAX_EXEC_OUTPUT_BYTES,
+    MAX_EXEC_TIMEOUT_SECONDS,
     STREAM_READ_AHEAD_BYTES,
     exec_slots,
 )
@@ -55,7 +56,7 @@ async def exec_request(request: Request, manager: SandboxManager, sb: Sandbox) -
     if not isinstance(cmd, str) or not cmd:  # whitespace runs, as on the real server (exit 0)
         raise ApiError(400, "cmd required")
     check_command(cmd, "cmd")
-    timeout = int_field(body, "timeout_seconds", 0, minimum=0) or 0
+    timeout = int_field(body, "timeout_seconds", 0, minimum=0, maximum=MAX_EXEC_TIMEOUT_SECONDS) or 0
     manager.running(sb.id)
     sb.log(f"$ {loggable(cmd)}")
     return {"op": "exec", "cmd": cmd, "timeout_seconds": timeout}

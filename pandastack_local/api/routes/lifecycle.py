@@ -9,6 +9,7 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from pandastack_local.limits import MAX_TTL_SECONDS
 from pandastack_local.manager import MAX_FORK_COUNT, ApiError, Sandbox, SandboxManager, rfc3339
 
 from .deps import Manager, SandboxDep, bool_field, int_field, json_body
@@ -24,7 +25,7 @@ async def get_lifecycle(manager: Manager, sb: SandboxDep) -> JSONResponse:
 @router.patch("/lifecycle")
 async def patch_lifecycle(request: Request, manager: Manager, sb: SandboxDep) -> JSONResponse:
     body = await json_body(request)
-    ttl = int_field(body, "ttl_seconds", minimum=0)
+    ttl = int_field(body, "ttl_seconds", minimum=0, maximum=MAX_TTL_SECONDS)
     if ttl == 0:  # the TTL is the backstop: only an explicit persistent: true goes without one
         raise ApiError(
             400,

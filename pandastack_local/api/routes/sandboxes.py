@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from pandastack_local.limits import MAX_TTL_SECONDS
 from pandastack_local.manager import DEFAULT_TTL_SECONDS, ApiError
 
 from .deps import Manager, SandboxDep, bool_field, check_text, int_field, json_body
@@ -26,7 +27,7 @@ async def create_sandbox(request: Request, manager: Manager) -> JSONResponse:
     for key, value in metadata.items():
         check_text(key, "metadata key")
         check_text(value, f"metadata[{key!r}]")
-    ttl = int_field(body, "ttl_seconds", minimum=0)
+    ttl = int_field(body, "ttl_seconds", minimum=0, maximum=MAX_TTL_SECONDS)
     persistent = bool_field(body, "persistent")
     refuse_create_fields(body)
     template = manager.template(name)
