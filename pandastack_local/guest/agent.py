@@ -430,8 +430,10 @@ def list_capped(sock: Conn, path: str, cap: int) -> None:
 def _make_parents(path: str) -> None:
     """``os.makedirs(path, exist_ok=True)`` without recursion: a client can name a path deeper
     than the agent's thread stack (os.makedirs recursed once per level, and crashed it)."""
+    if path and os.path.lexists(path) and not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)  # as os.makedirs
     missing = []
-    while path and path != "/" and not os.path.isdir(path):
+    while path and path != "/" and not os.path.lexists(path):
         missing.append(path)
         path = os.path.dirname(path)
     for directory in reversed(missing):
@@ -1263,7 +1265,14 @@ def _watch_lifeline(fd: int) -> None:
     os._exit(0)
 
 
+# The agent's threads (one per request, the heartbeat, the reaper) reserve this much stack each
+# instead of 8 MiB: without a memory cgroup the sandbox's cap is RLIMIT_AS, address space, which
+# the agent shares with its jobs (a 20,000-entry listing was a MemoryError under 256 MB there).
+AGENT_THREAD_STACK_BYTES = 1024 * 1024
+
+
 def main() -> None:
+    threading.stack_size(AGENT_THREAD_STACK_BYTES)
     # As PID 1 the kernel drops every signal from inside the sandbox the agent has no handler for:
     # Python's SIGINT handler would let a job's `kill -INT 1` end the sandbox.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
