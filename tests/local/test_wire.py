@@ -172,7 +172,9 @@ def test_logs_and_secret_metadata(ps_client) -> None:
 
 def test_pause_and_resume(ps_client, http) -> None:
     with ps_client.sandboxes.create() as sb:
-        sb.exec("nohup sh -c 'while true; do date +%s%N > /work/tick; sleep 0.05; done' >/dev/null 2>&1 &")
+        # Each tick replaces the file whole (a read never lands between a truncate and a write).
+        tick = "date +%s%N > /work/tick.new && mv /work/tick.new /work/tick"
+        sb.exec(f"nohup sh -c 'while true; do {tick}; sleep 0.05; done' >/dev/null 2>&1 &")
         time.sleep(0.3)
         sb.pause()
         assert ps_client.sandboxes.get(sb.id).status == "paused"
@@ -180,6 +182,8 @@ def test_pause_and_resume(ps_client, http) -> None:
         assert r.status_code == 409 and "paused" in r.json()["error"]
         sb.resume()
         first = sb.filesystem.read("/work/tick")
-        time.sleep(0.3)
-        assert sb.filesystem.read("/work/tick") != first
+        deadline = time.monotonic() + 10  # a loaded host: the loop ticks again soon, not at once
+        while sb.filesystem.read("/work/tick") == first and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sb.filesystem.read("/work/tick") != first, "the sandbox's processes did not resume"
         assert ps_client.sandboxes.get(sb.id).status == "running"
