@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 JSON, STDOUT, STDERR, DATA, END, BEAT = 0, 1, 2, 3, 4, 5
@@ -164,9 +165,11 @@ def _session_pids(sid: int) -> list[int]:
     return [pid for pid, _state, _ppid, session in _processes() if session == sid]
 
 
-def _kill_tree(sid: int) -> None:
-    for _ in range(3):
-        pids = _session_pids(sid)
+def _kill_until_gone(find: Callable[[], list[int]], rounds: int, pause: float) -> None:
+    """SIGKILL what ``find`` lists until it lists nothing (a process forking as it dies leaves a
+    child the next round finds), ``rounds`` times at most."""
+    for _ in range(rounds):
+        pids = find()
         if not pids:
             return
         for pid in pids:
@@ -174,7 +177,11 @@ def _kill_tree(sid: int) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        time.sleep(0.01)
+        time.sleep(pause)
+
+
+def _kill_tree(sid: int) -> None:
+    _kill_until_gone(lambda: _session_pids(sid), 3, 0.01)
 
 
 class ClientGone(Exception):
@@ -704,18 +711,8 @@ def _descendants(root: int) -> list[int]:
 
 
 def _kill_descendants(root: int) -> None:
-    """SIGKILL everything below ``root`` until nothing is left (a process forking as it dies
-    leaves a child the next round finds)."""
-    for _ in range(100):
-        pids = _descendants(root)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.005)
+    """SIGKILL everything below ``root`` until nothing is left."""
+    _kill_until_gone(lambda: _descendants(root), 100, 0.005)
 
 
 def _start_time(pid: int) -> str:
