@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Union
 
 from .classify import Classifier
-from .errors import JobSpecError
+from .exceptions import JobSpecError
 
 WORKDIR = "/work"
 INPUT_PATH = "/work/input.json"

@@ -41,7 +41,7 @@ from ..attempt import ENGINE, STATE_KEY, forget_sandbox, job_key, reap_recorded,
 from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..publish import DEFAULT_XCOM_MAX_BYTES, Publisher
-from .job import PandaStackJobBaseOperator
+from .base import PandaStackJobBaseOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -73,7 +73,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     """Run ``command`` in a fresh PandaStack sandbox; its ``result.json`` is the task's XCom.
 
     ``command``, ``files``, ``input`` and ``pandastack_conn_id`` are
-    :class:`~airflow_provider.operators.job.PandaStackJobBaseOperator`'s.
+    :class:`~airflow_provider.operators.base.PandaStackJobBaseOperator`'s.
 
     :param deferrable: start the job detached and free the worker slot while it
         runs; a trigger polls for its end.
@@ -92,7 +92,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     them, docs/airflow.md lists them. Never put the PandaStack key in ``env``.
 
     Retries follow the redelivery table: the operator's default ``retry_policy``
-    is :data:`~airflow_provider.retry.pandastack_retry_policy`.
+    is :data:`~airflow_provider.retries.pandastack_retry_policy`.
     """
 
     template_fields: Sequence[str] = (

@@ -31,7 +31,7 @@ from ..attempt import reap_recorded, record_sandbox
 from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..hooks.pandastack import PandaStackHook
-from .job import PandaStackJobBaseOperator
+from .base import PandaStackJobBaseOperator
 from .sandbox import PandaStackSandboxOperator
 
 if TYPE_CHECKING:

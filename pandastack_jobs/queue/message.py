@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import JobSpecError
+from ..exceptions import JobSpecError
 from ..options import coerce_options
 from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, JobKey, JobSpec
 

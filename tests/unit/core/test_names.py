@@ -1,0 +1,50 @@
+"""Renamed modules keep their old import paths (with a DeprecationWarning), and every exception
+class of a package derives from that package's one base."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import sys
+import warnings
+from types import ModuleType
+
+import pytest
+
+
+def assert_moved(old: str, new: str) -> None:
+    """``import old`` warns, names the new module, and gives the new module itself."""
+    sys.modules.pop(old, None)
+    module = importlib.import_module(new)
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated: import {new}\b"):
+        alias = importlib.import_module(old)
+    assert alias is module
+    parent, _, leaf = old.rpartition(".")
+    assert getattr(sys.modules[parent], leaf) is module
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once imported, the old name is cached: no second warning
+        assert importlib.import_module(old) is module
+
+
+def exception_classes(package: str, skip: tuple[str, ...] = ()) -> list[type[BaseException]]:
+    """Every exception class defined in ``package``'s modules (but those under ``skip``)."""
+    root = importlib.import_module(package)
+    names = [package] + [m.name for m in pkgutil.walk_packages(root.__path__, package + ".")]
+    found: list[type[BaseException]] = []
+    for name in names:
+        if name.startswith(skip):
+            continue
+        module: ModuleType = importlib.import_module(name)
+        for value in vars(module).values():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == name:
+                found.append(value)
+    return found
+
+
+def test_pandastack_jobs_errors_is_exceptions() -> None:
+    assert_moved("pandastack_jobs.errors", "pandastack_jobs.exceptions")
+    from pandastack_jobs.errors import JobSpecError  # noqa: F401 - the old spelling a user may have
+
+    with pytest.raises(ImportError):
+        importlib.import_module("pandastack_jobs.not_a_module")
