@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandastack
 
-from pandastack_jobs import JobKey, delete_sandbox
+from pandastack_jobs import Engine, JobKey, delete_sandbox
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-ENGINE = "airflow"
+ENGINE = Engine.AIRFLOW
 STATE_KEY = "pandastack_sandbox_id"
 """``task_state_store`` key holding the sandbox of the running try (read and reaped by the next try)."""
 

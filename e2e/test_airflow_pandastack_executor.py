@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from pandastack_jobs import Engine
 from tests.support.waiting import wait_for
 
 from .airflow_stack import AF_BIN, AirflowStack, _celery_ping, airflow_env
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.timeout(900)
 DAGS = REPO / "e2e" / "executor_dags"
 WORKER = "worker-x"
 TEMPLATE = "airflow-worker"
-ENGINE = "airflow-executor"
+ENGINE = Engine.AIRFLOW_EXECUTOR
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .reaper import (
     sweep_run,
 )
 from .redact import Redactor, redact
-from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, JobKey, JobSpec
+from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, Engine, JobKey, JobSpec
 
 register({"pandastack_jobs.errors": "pandastack_jobs.exceptions"})
 
@@ -50,6 +50,7 @@ __all__ = [
     "Classifier",
     "ConnectionConfig",
     "DetachedJob",
+    "Engine",
     "FailureClass",
     "FailureKind",
     "JobArgumentsError",

@@ -322,7 +322,7 @@ class JobRun:
                 FailureKind.TIMEOUT,
                 f"job exceeded its {self.spec.timeout:g}s timeout and was killed",
             )
-        kind = self.spec.rules.kind_for_exit(exit_code)
+        kind = self.spec.classifier.kind_for_exit(exit_code)
         cause = last_line(self.redact(self.stderr.text()))
         label = "permanent " if kind is FailureKind.PERMANENT_EXIT_CODE else ""
         return StepError(
@@ -344,7 +344,7 @@ class JobRun:
         return {
             "ok": False,
             "kind": kind,
-            "failure_class": self.spec.rules.classify(kind, exit_code),
+            "failure_class": self.spec.classifier.classify(kind, exit_code),
             "reason": self.redact(reason),
             "retry_after": retry_after,
         }

@@ -35,7 +35,7 @@ from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from pydantic import Field, PrivateAttr
 
-from pandastack_jobs import FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
+from pandastack_jobs import Engine, FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
 from pandastack_jobs.reaper import delete_sandbox
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun, WorkPool
     from prefect.client.schemas.responses import DeploymentResponse
 
-ENGINE = "prefect-worker"
+ENGINE = Engine.PREFECT_WORKER
 DEFAULT_TEMPLATE = "prefect"
 DEFAULT_TIMEOUT = 3600.0
 ENV_FILE = "/work/.prefect/flow-run.env"

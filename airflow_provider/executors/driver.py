@@ -27,6 +27,7 @@ import pandastack
 from pandastack_jobs import (
     ConnectionConfig,
     DetachedJob,
+    Engine,
     FailureKind,
     JobKey,
     JobOutcome,
@@ -56,7 +57,7 @@ logger = logging.getLogger("airflow_provider.executors")
 
 # Sandbox metadata key carrying the task try's pre-assigned UUID (fence and recover look for it).
 REQUEST_LABEL = "airflow_ti_uuid"
-ENGINE = "airflow-executor"
+ENGINE = Engine.AIRFLOW_EXECUTOR
 OUTPUT_TAIL_BYTES = 16 * 1024
 # The launch request's labels, as the core's job key writes them on the sandbox's metadata.
 LABEL_KEYS = {

@@ -48,3 +48,27 @@ def test_pandastack_jobs_errors_is_exceptions() -> None:
 
     with pytest.raises(ImportError):
         importlib.import_module("pandastack_jobs.not_a_module")
+
+
+def test_jobspec_rules_is_a_deprecated_alias_of_classifier() -> None:
+    from pandastack_jobs import Classifier, JobSpec
+
+    spec = JobSpec(command="true", permanent_exit_codes=[3])
+    assert isinstance(spec.classifier, Classifier) and spec.classifier.permanent_exit_codes == {3}
+    with pytest.warns(DeprecationWarning, match=r"JobSpec\.rules is deprecated: use JobSpec\.classifier"):
+        assert spec.rules is spec.classifier
+
+
+def test_engine_names_are_declared_once_in_the_core() -> None:
+    """The values are on the wire (every sandbox's ``job_engine``, what the reapers match):
+    they do not change."""
+    from pandastack_jobs import Engine
+
+    names = {k: v for k, v in vars(Engine).items() if k.isupper()}
+    assert names == {
+        "AIRFLOW": "airflow",
+        "AIRFLOW_EXECUTOR": "airflow-executor",
+        "PREFECT": "prefect",
+        "PREFECT_WORKER": "prefect-worker",
+        "QUEUE": "queue",
+    }
