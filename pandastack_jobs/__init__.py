@@ -11,7 +11,7 @@ from pandastack_workflows.moved import register
 from .classify import Classifier
 from .connection import ConnectionConfig
 from .detached import DetachedJob, SandboxGone, finish_detached, poll_detached, start_detached
-from .exceptions import JobArgumentsError, JobSpecError
+from .exceptions import JobArgumentsError, JobSpecError, PandaStackJobsError
 from .forkpool import WarmPool, WarmupFailed
 from .lifecycle import JobHandle, JobRun, reap_before, run_job
 from .lines import LineSplitter
@@ -62,6 +62,7 @@ __all__ = [
     "JobSpec",
     "JobSpecError",
     "LineSplitter",
+    "PandaStackJobsError",
     "Redactor",
     "SandboxGone",
     "Timings",

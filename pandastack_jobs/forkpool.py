@@ -16,6 +16,7 @@ from types import TracebackType
 import pandastack
 from pandastack import Sandbox
 
+from .exceptions import PandaStackJobsError
 from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
 from .outcome import JobOutcome
 from .reaper import delete_sandbox, sweep_forks
@@ -25,7 +26,7 @@ from .spec import DEFAULT_PARENT_TTL, JobSpec
 logger = logging.getLogger("pandastack_jobs")
 
 
-class WarmupFailed(RuntimeError):
+class WarmupFailed(PandaStackJobsError, RuntimeError):
     """The warm-up failed in the parent; the parent was deleted. ``outcome`` says why."""
 
     def __init__(self, outcome: JobOutcome) -> None:

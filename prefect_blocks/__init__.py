@@ -28,7 +28,7 @@ check_prefect()  # before Prefect is imported: an unsupported one fails here, na
 
 from .cleanup import sandbox_cleanup_hook, sweep_flow_run
 from .credentials import PandaStackCredentials
-from .exceptions import SandboxJobFailed
+from .exceptions import PandaStackPrefectError, SandboxJobFailed
 from .forkpool import WarmParent, run_in_fork, warm_pool
 from .retries import REDELIVERY_DELAY, Backoff, make_retry_condition, retry_on_redeliver
 from .sandbox import PandaStackSandbox, PandaStackSandboxRun
@@ -45,6 +45,7 @@ __all__ = [
     "REDELIVERY_DELAY",
     "Backoff",
     "PandaStackCredentials",
+    "PandaStackPrefectError",
     "PandaStackSandbox",
     "PandaStackSandboxRun",
     "SandboxJobFailed",

@@ -42,6 +42,7 @@ from pandastack_jobs import (
 )
 from pandastack_jobs.failures import describe_exit
 
+from ..exceptions import PandaStackAirflowError
 from .models import (
     RecoveredSandbox,
     SandboxCapacityError,
@@ -71,7 +72,7 @@ LABEL_KEYS = {
 SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 
 
-class SandboxLaunchError(RuntimeError):
+class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
     """The sandbox could not be started; the message says why (already redacted)."""
 
 

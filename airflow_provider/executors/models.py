@@ -22,6 +22,8 @@ from uuid import UUID
 
 from pandastack_jobs.spec import TEMPLATE_NAME
 
+from ..exceptions import PandaStackAirflowError
+
 # executor_config={"pandastack": {...}}: the keys a task may set.
 EXECUTOR_CONFIG_KEY = "pandastack"
 TASK_OPTIONS = frozenset({"template", "timeout", "ttl", "env"})
@@ -29,15 +31,15 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REF_LENGTH = 4096  # the handle is a few ids; anything longer is not ours
 
 
-class SandboxConfigurationError(ValueError):
+class SandboxConfigurationError(PandaStackAirflowError, ValueError):
     """A sandbox option is invalid. The message names the option and the fix."""
 
 
-class SandboxInvalidHandleError(ValueError):
+class SandboxInvalidHandleError(PandaStackAirflowError, ValueError):
     """A persisted handle does not describe a sandbox of this request."""
 
 
-class SandboxCapacityError(RuntimeError):
+class SandboxCapacityError(PandaStackAirflowError, RuntimeError):
     """The platform refused to create a sandbox for capacity; try again after ``retry_after`` seconds."""
 
     def __init__(self, message: str, retry_after: float) -> None:

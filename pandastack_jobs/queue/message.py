@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import JobSpecError
+from ..exceptions import JobSpecError, PandaStackJobsError
 from ..options import coerce_options
 from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, Engine, JobKey, JobSpec
 
@@ -28,7 +28,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 _RESERVED_OPTIONS = frozenset({"key", "classifier"})
 
 
-class MessageError(ValueError):
+class MessageError(PandaStackJobsError, ValueError):
     """A message is malformed, oversized or of an unknown format; ``field`` names the culprit."""
 
     def __init__(self, field: str, problem: str) -> None:

@@ -63,6 +63,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.isolation import mountns, process
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap.sandbox import bind_sources, exposed_sources
@@ -106,7 +107,7 @@ SENTRY_PIDS = 256
 _SKELETON_DIRS = ("proc", "dev", "sys", "tmp", "var/tmp", "work", "root", "etc", "usr", "opt", "run")
 
 
-class RunscUnavailable(RuntimeError):
+class RunscUnavailable(PandaStackLocalError, RuntimeError):
     """No usable runsc: the message says how to get one."""
 
 

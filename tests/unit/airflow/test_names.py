@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.core.test_names import assert_moved
+from tests.unit.core.test_names import assert_moved, assert_one_base
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,24 @@ def test_provider_info_names_the_new_modules() -> None:
     modules = get_provider_info()["operators"][0]["python-modules"]
     assert "airflow_provider.operators.warm_fork" in modules
     assert not any(m.endswith((".pool", ".job")) for m in modules)
+
+
+def test_every_provider_exception_is_a_pandastack_airflow_error() -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from airflow_provider.exceptions import (
+        PandaStackAirflowError,
+        PandaStackJobDeadLetter,
+        PandaStackJobRedeliver,
+    )
+    from airflow_provider.executors.models import SandboxConfigurationError
+    from airflow_provider.hooks.pandastack import PandaStackConnectionError
+
+    assert_one_base("airflow_provider", PandaStackAirflowError)
+    # Airflow's reading of them is unchanged: redeliver retries, dead-letter fails at once.
+    assert issubclass(PandaStackJobRedeliver, AirflowException)
+    assert not issubclass(PandaStackJobRedeliver, AirflowFailException)
+    assert issubclass(PandaStackJobDeadLetter, AirflowFailException)
+    assert issubclass(PandaStackConnectionError, ValueError) and issubclass(
+        SandboxConfigurationError, ValueError
+    )

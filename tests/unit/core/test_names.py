@@ -72,3 +72,32 @@ def test_engine_names_are_declared_once_in_the_core() -> None:
         "PREFECT_WORKER": "prefect-worker",
         "QUEUE": "queue",
     }
+
+
+def assert_one_base(package: str, base: type[BaseException], skip: tuple[str, ...] = ()) -> None:
+    """Every exception class of ``package`` (but under ``skip``) is a ``base``; lists the others."""
+    classes = exception_classes(package, skip)
+    assert base in classes and len(classes) > 1
+    strays = [f"{c.__module__}.{c.__qualname__}" for c in classes if not issubclass(c, base)]
+    assert not strays, f"not derived from {base.__name__}: {strays}"
+
+
+def test_every_core_exception_is_a_pandastack_jobs_error() -> None:
+    from pandastack_jobs import JobSpecError, PandaStackJobsError, SandboxGone, WarmupFailed
+    from pandastack_jobs.queue.transport import BrokerUnavailable
+
+    assert_one_base("pandastack_jobs", PandaStackJobsError)
+    # What they were, they still are (callers catch ValueError, RuntimeError, ConnectionError).
+    assert issubclass(JobSpecError, ValueError) and issubclass(SandboxGone, RuntimeError)
+    assert issubclass(WarmupFailed, RuntimeError) and issubclass(BrokerUnavailable, ConnectionError)
+    assert str(JobSpecError("ttl", "is short", "make it longer")) == "ttl: is short. Fix: make it longer"
+
+
+def test_every_local_server_exception_is_a_pandastack_local_error() -> None:
+    """The guest's own (guest/: standard library only, run inside the sandbox) are the exception."""
+    from pandastack_local.exceptions import PandaStackLocalError
+    from pandastack_local.isolation.egress import EgressError
+    from pandastack_local.templates.registry import TemplateError
+
+    assert_one_base("pandastack_local", PandaStackLocalError, skip=("pandastack_local.guest",))
+    assert issubclass(EgressError, ValueError) and issubclass(TemplateError, ValueError)
