@@ -23,7 +23,7 @@ from .reaper import delete_sandbox, sweep_forks
 from .redact import Redactor
 from .spec import DEFAULT_PARENT_TTL, JobSpec
 
-logger = logging.getLogger("pandastack_jobs")
+logger = logging.getLogger(__name__)
 
 
 class WarmupFailed(PandaStackJobsError, RuntimeError):
@@ -139,9 +139,9 @@ class WarmPool:
         try:
             leftovers = sweep_forks(self.client, self.parent_id)
             if leftovers:
-                logger.info("pandastack: deleted %d leftover fork(s) of %s", len(leftovers), self.parent_id)
+                logger.info("deleted %d leftover fork(s) of %s", len(leftovers), self.parent_id)
         except pandastack.PandastackError as exc:
-            logger.warning("pandastack: could not sweep forks of %s: %s", self.parent_id, exc)
+            logger.warning("could not sweep forks of %s: %s", self.parent_id, exc)
         delete_sandbox(self.client, self.parent_id)
 
     def __enter__(self) -> WarmPool:

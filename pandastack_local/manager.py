@@ -38,7 +38,7 @@ from pandastack_local.templates import pythonenv
 from pandastack_local.templates.build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
 from pandastack_local.templates.registry import Template, template_registry
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 DEFAULT_TTL_SECONDS = 300
 MAX_FORK_COUNT = 16

@@ -48,7 +48,7 @@ def run_logger() -> Any:
     try:
         return get_run_logger()
     except MissingContextError:
-        return get_logger("prefect_blocks")
+        return get_logger(__name__)
 
 
 def line_logger(log: Any) -> LineSplitter:

@@ -32,7 +32,7 @@ from uuid import UUID
 from .exceptions import SandboxJobFailed
 from .settings import get_settings
 
-logger = logging.getLogger("prefect_blocks")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _pending: dict[UUID, float] = {}
@@ -114,7 +114,7 @@ class RetryOnRedeliver:
         if not isinstance(exc, SandboxJobFailed):
             return False
         if not exc.redeliver:
-            logger.info("pandastack: dead-lettered, not retrying: %s", exc.message)
+            logger.info("dead-lettered, not retrying: %s", exc.message)
             return False
         retry_number = max(1, int(getattr(task_run, "run_count", 1) or 1))
         delay = self.backoff_for(task).delay(retry_number, exc.retry_after)

@@ -54,7 +54,7 @@ from .models import (
     SandboxState,
 )
 
-logger = logging.getLogger("airflow_provider.executors")
+logger = logging.getLogger(__name__)
 
 # Sandbox metadata key carrying the task try's pre-assigned UUID (fence and recover look for it).
 REQUEST_LABEL = "airflow_ti_uuid"
@@ -310,7 +310,7 @@ class PandaStackDriver(SandboxDriver):
         if left:
             raise SandboxLaunchError(f"could not delete sandbox(es) {left} of request {request_id}; retrying")
         if deleted:
-            logger.info("pandastack: fenced request %s: deleted %s", request_id, deleted)
+            logger.info("fenced request %s: deleted %s", request_id, deleted)
         return deleted
 
     async def fence(self, request_id: str) -> None:

@@ -184,7 +184,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         self._killed = True
         if self._handle is not None:
             self._handle.cancel()
-        self.log.warning("PandaStack: task killed; its sandbox was deleted")
+        self.log.warning("task killed; its sandbox was deleted")
 
     # -- deferrable ------------------------------------------------------------------------------
 
@@ -220,9 +220,9 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         """Resume after the trigger fired: collect the result and delete the sandbox."""
         job = DetachedJob.from_dict(event["job"])
         status = event.get("status")
-        self.log.info("PandaStack: trigger reported %s for sandbox %s", status, job.sandbox_id)
+        self.log.info("trigger reported %s for sandbox %s", status, job.sandbox_id)
         if event.get("message"):
-            self.log.warning("PandaStack trigger: %s", event["message"])
+            self.log.warning("trigger: %s", event["message"])
         lines = task_log_lines(self.log) if self.log_output else None
         handle = self._handle = JobHandle()
         outcome = finish_detached(
@@ -245,7 +245,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         def created(sandbox_id: str) -> None:
             record_sandbox(self.log, context, sandbox_id)
             ti.xcom_push(key="sandbox_id", value=sandbox_id)
-            self.log.info("PandaStack: sandbox %s created (try %s)", sandbox_id, ti.try_number)
+            self.log.info("sandbox %s created (try %s)", sandbox_id, ti.try_number)
 
         return created
 

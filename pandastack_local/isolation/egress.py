@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pandastack_local.exceptions import PandaStackLocalError
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
 CHUNK_BYTES = 64 * 1024

@@ -72,7 +72,7 @@ from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pandastack_local.isolation.gvisor.boot_images import BootImages

@@ -101,3 +101,56 @@ def test_every_local_server_exception_is_a_pandastack_local_error() -> None:
 
     assert_one_base("pandastack_local", PandaStackLocalError, skip=("pandastack_local.guest",))
     assert issubclass(EgressError, ValueError) and issubclass(TemplateError, ValueError)
+
+
+def hard_coded_loggers(package: str) -> list[str]:
+    """``getLogger(...)`` / ``get_logger(...)`` calls of ``package`` whose name is not ``__name__``
+    (third-party loggers a module quiets with ``.setLevel`` aside)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3] / package  # read, not imported: any venv
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("getLogger", "get_logger")
+                and node.args
+            ):
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Name) and arg.id == "__name__":
+                continue
+            if isinstance(arg, ast.Constant) and not str(arg.value).startswith(
+                ("pandastack", "prefect_blocks", "airflow_provider")
+            ):
+                continue  # e.g. logging.getLogger("pika").setLevel(...)
+            found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "package", ["pandastack_jobs", "pandastack_local", "airflow_provider", "prefect_blocks"]
+)
+def test_loggers_are_named_after_their_modules(package: str) -> None:
+    assert hard_coded_loggers(package) == []
+
+
+def test_a_core_log_line_names_its_module_and_does_not_repeat_it(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import pandastack
+
+    from pandastack_jobs import delete_sandbox
+    from pandastack_jobs.testing import FakeClient
+
+    fake = FakeClient()
+    sandbox = fake.add_sandbox()
+    fake.fail("delete", pandastack.ServerError("busy"), times=None)
+    with caplog.at_level(logging.WARNING, logger="pandastack_jobs"):  # the package's level still applies
+        assert delete_sandbox(fake, sandbox.id) is False
+    [record] = [r for r in caplog.records if "could not delete sandbox" in r.getMessage()]
+    assert record.name == "pandastack_jobs.reaper"
+    assert record.getMessage().startswith(f"could not delete sandbox {sandbox.id}")
