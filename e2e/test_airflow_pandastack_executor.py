@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pandastack_jobs import Engine
-from tests.support.waiting import wait_for
+from pandastack_local.testing.waiting import wait_for
 
 from .airflow_stack import AF_BIN, AirflowStack, _celery_ping, airflow_env
 from .procs import Proc, ProcessGroup, free_port, run

@@ -154,3 +154,18 @@ def test_a_core_log_line_names_its_module_and_does_not_repeat_it(caplog: pytest.
     [record] = [r for r in caplog.records if "could not delete sandbox" in r.getMessage()]
     assert record.name == "pandastack_jobs.reaper"
     assert record.getMessage().startswith(f"could not delete sandbox {sandbox.id}")
+
+
+def test_e2e_and_benchmarks_import_the_harness_from_the_package_not_from_tests() -> None:
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    pattern = re.compile(r"^\s*(from|import)\s+tests(\.|\s|$)", re.M)
+    offenders = [
+        str(path.relative_to(repo))
+        for folder in ("e2e", "benchmarks")
+        for path in sorted((repo / folder).rglob("*"))
+        if path.suffix in (".py", ".sh") and pattern.search(path.read_text())
+    ]
+    assert offenders == []
