@@ -1,9 +1,8 @@
-"""The core's exceptions: one base, and those raised before any sandbox exists.
+"""Exceptions raised by the core before any sandbox exists, and the base of all the core's.
 
-Every exception class of ``pandastack_jobs`` derives from :class:`PandaStackJobsError` (and
-keeps the builtin it always was: ``ValueError``, ``RuntimeError``...), so a caller can catch the
-core's own failures in one clause. A bad job spec is the caller's bug: it is reported at
-construction time, naming the field and the fix, so nothing is created and nothing is lost.
+A bad job spec is the caller's bug: it is reported at construction time, naming
+the field and the fix, so nothing is created and nothing is lost. Every exception class of
+``pandastack_jobs`` derives from :class:`PandaStackJobsError` too (and keeps its builtin).
 """
 
 from __future__ import annotations
