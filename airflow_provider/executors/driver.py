@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import pandastack
 
+from airflow_provider.exceptions import PandaStackAirflowError
 from pandastack_jobs import (
     ConnectionConfig,
     DetachedJob,
@@ -42,7 +43,6 @@ from pandastack_jobs import (
 )
 from pandastack_jobs.failures import describe_exit
 
-from ..exceptions import PandaStackAirflowError
 from .models import (
     RecoveredSandbox,
     SandboxCapacityError,

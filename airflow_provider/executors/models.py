@@ -20,9 +20,8 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from airflow_provider.exceptions import PandaStackAirflowError
 from pandastack_jobs.spec import TEMPLATE_NAME
-
-from ..exceptions import PandaStackAirflowError
 
 # executor_config={"pandastack": {...}}: the keys a task may set.
 EXECUTOR_CONFIG_KEY = "pandastack"
@@ -31,11 +30,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REF_LENGTH = 4096  # the handle is a few ids; anything longer is not ours
 
 
-class SandboxConfigurationError(PandaStackAirflowError, ValueError):
+class SandboxConfigurationError(ValueError):
     """A sandbox option is invalid. The message names the option and the fix."""
 
 
-class SandboxInvalidHandleError(PandaStackAirflowError, ValueError):
+class SandboxInvalidHandleError(ValueError):
     """A persisted handle does not describe a sandbox of this request."""
 
 
