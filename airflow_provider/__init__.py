@@ -5,6 +5,15 @@ Importing it on an Airflow outside that range fails at once, naming the range (v
 
 from __future__ import annotations
 
+from pandastack_workflows.moved import register
+
 from .versions import check_airflow
 
 check_airflow()
+register(
+    {
+        "airflow_provider.operators.pool": "airflow_provider.operators.warm_fork",
+        "airflow_provider.operators.job": "airflow_provider.operators.base",
+        "airflow_provider.retry": "airflow_provider.retries",
+    }
+)

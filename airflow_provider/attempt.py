@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import pandastack
 
-from pandastack_jobs import JobKey, delete_sandbox
+from pandastack_jobs import Engine, JobKey, delete_sandbox
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-ENGINE = "airflow"
+ENGINE = Engine.AIRFLOW
 STATE_KEY = "pandastack_sandbox_id"
 """``task_state_store`` key holding the sandbox of the running try (read and reaped by the next try)."""
 
@@ -44,7 +44,7 @@ def record_sandbox(log: Any, context: Context, sandbox_id: str) -> None:
     try:
         store.set(STATE_KEY, sandbox_id)
     except Exception as exc:  # noqa: BLE001 - metadata reaping still covers this try
-        log.warning("PandaStack: could not record sandbox in task_state_store: %s", exc)
+        log.warning("could not record sandbox in task_state_store: %s", exc)
 
 
 def forget_sandbox(log: Any, context: Context) -> None:
@@ -55,7 +55,7 @@ def forget_sandbox(log: Any, context: Context) -> None:
     try:
         store.delete(STATE_KEY)
     except Exception as exc:  # noqa: BLE001
-        log.warning("PandaStack: could not clear task_state_store: %s", exc)
+        log.warning("could not clear task_state_store: %s", exc)
 
 
 def reap_recorded(log: Any, context: Context, client: pandastack.Client) -> str | None:
@@ -67,11 +67,11 @@ def reap_recorded(log: Any, context: Context, client: pandastack.Client) -> str 
     try:
         previous = store.get(STATE_KEY)
     except Exception as exc:  # noqa: BLE001 - reaping is best effort; the metadata sweep remains
-        log.warning("PandaStack: could not read task_state_store: %s", exc)
+        log.warning("could not read task_state_store: %s", exc)
         return None
     if not previous:
         return None
     if delete_sandbox(client, str(previous)):
-        log.warning("PandaStack: deleted sandbox %s left behind by an earlier try", previous)
+        log.warning("deleted sandbox %s left behind by an earlier try", previous)
     forget_sandbox(log, context)
     return str(previous)

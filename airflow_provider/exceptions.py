@@ -1,4 +1,8 @@
-"""How a job's outcome becomes an Airflow failure: redeliver → retryable, dead-letter → fail now.
+"""The provider's exceptions: one base, and how a job's outcome becomes an Airflow failure
+(redeliver → retryable, dead-letter → fail now).
+
+Every exception class of ``airflow_provider`` derives from :class:`PandaStackAirflowError` (and
+keeps the class it always was: ``AirflowException``, ``ValueError``...).
 
 Both carry the core's JSON-safe outcome summary (already redacted), so a
 callback or a retry policy can read the failure kind and the capacity
@@ -22,7 +26,11 @@ def _message(outcome: JobOutcome) -> str:
     return text
 
 
-class PandaStackJobError(AirflowException):
+class PandaStackAirflowError(Exception):
+    """Base of every exception the provider defines."""
+
+
+class PandaStackJobError(PandaStackAirflowError, AirflowException):
     """Base of the provider's job failures. ``summary`` is :meth:`JobOutcome.summary`."""
 
     def __init__(self, outcome: JobOutcome) -> None:

@@ -43,7 +43,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_provider.operators.sandbox", "airflow_provider.operators.pool"],
+                "python-modules": [
+                    "airflow_provider.operators.sandbox",
+                    "airflow_provider.operators.warm_fork",
+                ],
             }
         ],
         "triggers": [

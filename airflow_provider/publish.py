@@ -57,7 +57,7 @@ class Publisher:
         target = base / name.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-        self.log.info("PandaStack: stored %d bytes at %s", len(data), target)
+        self.log.info("stored %d bytes at %s", len(data), target)
         return str(target)
 
     def files(self, files: Mapping[str, bytes]) -> dict[str, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: the job they all run, statistics and machine facts.
 
-RSS comes from the tests' one /proc walker, ``tests.support.procs``.
+RSS comes from the one /proc walker of the tests, e2e and benchmarks, ``pandastack_local.testing.procs``.
 
 Every measurement runs the *same* small job (the seed's shape: input.json in,
 result.json out) so that the numbers of different modules can be set side by side.

@@ -32,7 +32,7 @@ from typing import Any
 from airflow_provider.executors.models import SandboxExecutionRef
 from airflow_provider.executors.pandastack_executor import ALIAS_CONFIG
 from benchmarks.common import log, machine, ratio, summary, write_json
-from tests.support.executor_stack import ExecutorStack, start_executor_stack
+from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 DAG = """

@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, log, machine, write_json
 from benchmarks.options import int_options
-from tests.support.procs import rss_kb
+from pandastack_local.testing.procs import rss_kb
 
 
 def main() -> None:

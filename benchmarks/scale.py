@@ -27,7 +27,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.options import int_options
-from tests.support.procs import rss_kb, tree_rss_kb
+from pandastack_local.testing.procs import rss_kb, tree_rss_kb
 
 LEVELS = [1, 2, 4, 8]
 

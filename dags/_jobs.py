@@ -1,6 +1,6 @@
 """Where the example job code lives (the files shipped into the sandboxes).
 
-``jobs/`` sits next to ``dags/`` in this repository; set ``PANDASTACK_EXAMPLE_JOBS``
+``sample_jobs/`` sits next to ``dags/`` in this repository; set ``PANDASTACK_EXAMPLE_JOBS``
 when the DAG folder is deployed elsewhere.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", Path(__file__).resolve().parent.parent / "jobs"))
+_SAMPLE_JOBS = Path(__file__).resolve().parent.parent / "sample_jobs"
+JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", _SAMPLE_JOBS))
 REPORTS_URL = os.environ.get("PANDASTACK_REPORTS_URL", "file:///tmp/pandastack-reports")
 # An Airflow pool bounds how many sandboxes these DAGs keep alive at once:
 #   airflow pools set pandastack_sandboxes 4 "live PandaStack sandboxes"

@@ -1,6 +1,6 @@
 """Tenant-supplied transforms: one sandbox per tenant, dynamically mapped.
 
-Every file in ``jobs/tenants/`` is one tenant's code, run against that tenant's
+Every file in ``sample_jobs/tenants/`` is one tenant's code, run against that tenant's
 rows in its own sandbox. Some tenants are hostile on purpose (a memory hog, a
 fork bomb, an escape attempt): their tasks fail with a clear reason, and every
 other tenant's task succeeds. The ``pandastack_sandboxes`` pool bounds how many

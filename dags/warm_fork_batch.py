@@ -12,7 +12,7 @@ import pendulum
 from _jobs import JOBS_DIR, SANDBOX_POOL
 from airflow.sdk import DAG
 
-from airflow_provider.operators.pool import (
+from airflow_provider.operators.warm_fork import (
     PandaStackForkOperator,
     PandaStackWarmPoolSetupOperator,
     PandaStackWarmPoolTeardownOperator,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.airflow_env import api_server_env
-from tests.support.waiting import wait_for
+from pandastack_local.testing.airflow_env import api_server_env
+from pandastack_local.testing.waiting import wait_for
 
 from .procs import Proc, ProcessGroup, free_port, run
 from .services import REPO, PandaStack, Postgres, Redis, request_json

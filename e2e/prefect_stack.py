@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.support.waiting import wait_for
+from pandastack_local.testing.waiting import wait_for
 
 from .procs import Proc, ProcessGroup, free_port, run
 from .services import REPO, PandaStack, Postgres, request_json

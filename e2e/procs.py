@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.procs import descendants
+from pandastack_local.testing.procs import descendants
 
 _used_ports: set[int] = set()
 

@@ -55,7 +55,7 @@ cleanup() {
   fi
   left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
 import os, sys
-from tests.support.procs import listening_ports, pids, read_proc
+from pandastack_local.testing.procs import listening_ports, pids, read_proc
 run_dir = sys.argv[1]
 try:
     ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.waiting import wait_for
+from pandastack_local.testing.waiting import wait_for
 
 from .procs import ProcessGroup, free_port, port_open, run
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.waiting import wait_for
+from pandastack_local.testing.waiting import wait_for
 
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .browser import chromium

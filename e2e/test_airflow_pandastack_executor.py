@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.waiting import wait_for
+from pandastack_jobs import Engine
+from pandastack_local.testing.waiting import wait_for
 
 from .airflow_stack import AF_BIN, AirflowStack, _celery_ping, airflow_env
 from .procs import Proc, ProcessGroup, free_port, run
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.timeout(900)
 DAGS = REPO / "e2e" / "executor_dags"
 WORKER = "worker-x"
 TEMPLATE = "airflow-worker"
-ENGINE = "airflow-executor"
+ENGINE = Engine.AIRFLOW_EXECUTOR
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.waiting import wait_for
+from pandastack_local.testing.waiting import wait_for
 
 from .prefect_stack import PrefectStack, prefect_env, start_server
 from .procs import Proc, ProcessGroup, free_port

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.procs import descendants, read_proc
-from tests.support.waiting import wait_for
+from pandastack_local.testing.procs import descendants, read_proc
+from pandastack_local.testing.waiting import wait_for
 
 from .browser import chromium
 from .prefect_stack import BLOCK_NAME, WORKERS, PrefectStack, start_prefect

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", Path(__file__).resolve().parent.parent / "jobs"))
+_SAMPLE_JOBS = Path(__file__).resolve().parent.parent / "sample_jobs"
+JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", _SAMPLE_JOBS))
 HOSTILE_EXIT_CODE = 3  # the escape probe exits 3 when it breached anything: dead-letter it
 
 

@@ -1,6 +1,6 @@
 """Tenant-supplied transforms: one sandbox per tenant, mapped.
 
-Every file in ``jobs/tenants/`` is one tenant's code, run against that tenant's
+Every file in ``sample_jobs/tenants/`` is one tenant's code, run against that tenant's
 rows in its own sandbox. Hostile tenants (a memory hog, a fork bomb, an escape
 attempt) fail with a clear reason or prove the wall held; every other tenant
 succeeds. The flow fails only if an honest tenant failed.

@@ -6,10 +6,12 @@ reaping and warm-parent fork pools live here, once. The Airflow provider and
 the Prefect blocks only translate.
 """
 
+from pandastack_workflows.moved import register
+
 from .classify import Classifier
 from .connection import ConnectionConfig
 from .detached import DetachedJob, SandboxGone, finish_detached, poll_detached, start_detached
-from .errors import JobArgumentsError, JobSpecError
+from .exceptions import JobArgumentsError, JobSpecError, PandaStackJobsError
 from .forkpool import WarmPool, WarmupFailed
 from .lifecycle import JobHandle, JobRun, reap_before, run_job
 from .lines import LineSplitter
@@ -36,7 +38,9 @@ from .reaper import (
     sweep_run,
 )
 from .redact import Redactor, redact
-from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, JobKey, JobSpec
+from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, Engine, JobKey, JobSpec
+
+register({"pandastack_jobs.errors": "pandastack_jobs.exceptions"})
 
 __all__ = [
     "DEFAULT_PARENT_TTL",
@@ -46,6 +50,7 @@ __all__ = [
     "Classifier",
     "ConnectionConfig",
     "DetachedJob",
+    "Engine",
     "FailureClass",
     "FailureKind",
     "JobArgumentsError",
@@ -57,6 +62,7 @@ __all__ = [
     "JobSpec",
     "JobSpecError",
     "LineSplitter",
+    "PandaStackJobsError",
     "Redactor",
     "SandboxGone",
     "Timings",

@@ -49,7 +49,7 @@ class Classifier:
         frozen = frozenset(codes)
         for code in frozen:
             if not isinstance(code, int) or isinstance(code, bool) or not 0 < code < 256:
-                from .errors import JobSpecError
+                from .exceptions import JobSpecError
 
                 raise JobSpecError(
                     "permanent_exit_codes", f"{code!r} is not an exit code", "use ints from 1 to 255"

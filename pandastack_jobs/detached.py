@@ -17,6 +17,7 @@ import pandastack
 from pandastack import Sandbox
 
 from . import guest
+from .exceptions import PandaStackJobsError
 from .failures import StepError
 from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
 from .outcome import FailureKind, JobOutcome
@@ -54,7 +55,7 @@ class DetachedJob:
         )
 
 
-class SandboxGone(RuntimeError):
+class SandboxGone(PandaStackJobsError, RuntimeError):
     """The detached job's sandbox no longer exists (deleted, reaped, or the server restarted)."""
 
 

@@ -8,6 +8,7 @@ import pandastack
 import requests
 
 from .connection import last_refusal
+from .exceptions import PandaStackJobsError
 from .outcome import FailureKind
 
 # Phrases of the hosted platform's capacity refusals (the SDK raises the last
@@ -23,7 +24,7 @@ _DEFAULT_RETRY_AFTER = {"no compute capacity": 5.0, "sandbox host unavailable": 
 FALLBACK_RETRY_AFTER = 1.0
 
 
-class StepError(Exception):
+class StepError(PandaStackJobsError):
     """A lifecycle step failed for a reason the core detected itself (not an SDK error)."""
 
     def __init__(self, kind: FailureKind, reason: str) -> None:

@@ -16,16 +16,17 @@ from types import TracebackType
 import pandastack
 from pandastack import Sandbox
 
+from .exceptions import PandaStackJobsError
 from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
 from .outcome import JobOutcome
 from .reaper import delete_sandbox, sweep_forks
 from .redact import Redactor
 from .spec import DEFAULT_PARENT_TTL, JobSpec
 
-logger = logging.getLogger("pandastack_jobs")
+logger = logging.getLogger(__name__)
 
 
-class WarmupFailed(RuntimeError):
+class WarmupFailed(PandaStackJobsError, RuntimeError):
     """The warm-up failed in the parent; the parent was deleted. ``outcome`` says why."""
 
     def __init__(self, outcome: JobOutcome) -> None:
@@ -138,9 +139,9 @@ class WarmPool:
         try:
             leftovers = sweep_forks(self.client, self.parent_id)
             if leftovers:
-                logger.info("pandastack: deleted %d leftover fork(s) of %s", len(leftovers), self.parent_id)
+                logger.info("deleted %d leftover fork(s) of %s", len(leftovers), self.parent_id)
         except pandastack.PandastackError as exc:
-            logger.warning("pandastack: could not sweep forks of %s: %s", self.parent_id, exc)
+            logger.warning("could not sweep forks of %s: %s", self.parent_id, exc)
         delete_sandbox(self.client, self.parent_id)
 
     def __enter__(self) -> WarmPool:

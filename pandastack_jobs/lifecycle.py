@@ -30,7 +30,7 @@ from .reaper import delete_sandbox, reap_earlier_attempts
 from .redact import Redactor
 from .spec import INPUT_PATH, TAIL_BYTES, JobSpec
 
-logger = logging.getLogger("pandastack_jobs")
+logger = logging.getLogger(__name__)
 
 OutputCallback = Callable[[str, str], None]
 """Called with ``(stream, chunk)`` as the job's output arrives; stream is "stdout" or "stderr"."""
@@ -322,7 +322,7 @@ class JobRun:
                 FailureKind.TIMEOUT,
                 f"job exceeded its {self.spec.timeout:g}s timeout and was killed",
             )
-        kind = self.spec.rules.kind_for_exit(exit_code)
+        kind = self.spec.classifier.kind_for_exit(exit_code)
         cause = last_line(self.redact(self.stderr.text()))
         label = "permanent " if kind is FailureKind.PERMANENT_EXIT_CODE else ""
         return StepError(
@@ -344,7 +344,7 @@ class JobRun:
         return {
             "ok": False,
             "kind": kind,
-            "failure_class": self.spec.rules.classify(kind, exit_code),
+            "failure_class": self.spec.classifier.classify(kind, exit_code),
             "reason": self.redact(reason),
             "retry_after": retry_after,
         }
@@ -381,10 +381,10 @@ def reap_before(client: pandastack.Client, spec: JobSpec) -> list[str]:
     try:
         reaped = reap_earlier_attempts(client, spec.key)
     except pandastack.PandastackError as exc:
-        logger.warning("pandastack: could not look for orphans of earlier attempts: %s", exc)
+        logger.warning("could not look for orphans of earlier attempts: %s", exc)
         return []
     if reaped:
-        logger.info("pandastack: reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
+        logger.info("reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
     return reaped
 
 

@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from typing import Any, Union
 
-from .errors import JobSpecError
+from .exceptions import JobSpecError
 from .spec import JobSpec
 
 

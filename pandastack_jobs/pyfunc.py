@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import JobArgumentsError
+from .exceptions import JobArgumentsError
 from .spec import INPUT_PATH, RESULT_PATH
 
 SCRIPT_PATH = "/work/_pandastack_fn.py"

@@ -15,7 +15,7 @@ import pandastack
 
 from .spec import MANAGED_BY, JobKey
 
-logger = logging.getLogger("pandastack_jobs")
+logger = logging.getLogger(__name__)
 
 
 def delete_sandbox(client: pandastack.Client, sandbox_id: str, *, raise_errors: bool = False) -> bool:
@@ -31,7 +31,7 @@ def delete_sandbox(client: pandastack.Client, sandbox_id: str, *, raise_errors: 
     except pandastack.PandastackError as exc:
         if raise_errors:
             raise
-        logger.warning("pandastack: could not delete sandbox %s: %s", sandbox_id, exc)
+        logger.warning("could not delete sandbox %s: %s", sandbox_id, exc)
         return False
     return True
 

@@ -10,14 +10,15 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from .classify import Classifier
-from .errors import JobSpecError
+from .exceptions import JobSpecError
 
 WORKDIR = "/work"
 INPUT_PATH = "/work/input.json"
@@ -58,6 +59,17 @@ def guest_path(path: str, field_name: str, workdir: str = WORKDIR) -> str:
     if str(absolute) == "/":
         raise JobSpecError(field_name, "path is the root directory", "name a file")
     return str(absolute)
+
+
+class Engine:
+    """The orchestrators' names, declared once: ``JobKey.engine``, written on every sandbox as
+    ``job_engine`` (what the reapers and sweeps match). A ``JobKey`` may carry any other name."""
+
+    AIRFLOW = "airflow"  # a task try of the operators and @task.pandastack
+    AIRFLOW_EXECUTOR = "airflow-executor"  # a task try of PandaStackExecutor
+    PREFECT = "prefect"  # a Prefect task run (run_in_sandbox, @sandbox_task, the fork pool)
+    PREFECT_WORKER = "prefect-worker"  # a whole flow run in the pandastack work pool
+    QUEUE = "queue"  # a queue message (pandastack_jobs.queue)
 
 
 @dataclass(frozen=True)
@@ -207,8 +219,10 @@ class JobSpec:
     max_file_bytes: int = option(
         MAX_FILE_BYTES, doc="The largest file delivered or collected, in bytes (larger: dead-lettered)."
     )
-    classifier: Classifier | None = field(default=None, compare=False)
-    """Advanced: a custom :class:`Classifier` (then leave the two classifier options unset)."""
+    classifier: Classifier = field(default=cast(Classifier, None), compare=False)
+    """The classifier of this job's failures: built from ``permanent_exit_codes`` and
+    ``retry_on_timeout`` when left out; advanced: a custom :class:`Classifier` (then leave those
+    two options unset)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command.strip():
@@ -297,8 +311,8 @@ class JobSpec:
 
     @property
     def rules(self) -> Classifier:
-        """The classifier of this job's failures (built from the options unless one was given)."""
-        assert self.classifier is not None  # set in __post_init__
+        """Deprecated: :attr:`classifier` (the same object)."""
+        warnings.warn("JobSpec.rules is deprecated: use JobSpec.classifier", DeprecationWarning, stacklevel=2)
         return self.classifier
 
     @property

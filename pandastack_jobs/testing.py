@@ -44,6 +44,7 @@ import requests
 from pandastack import CreateRetryEvent
 
 from . import guest
+from .exceptions import PandaStackJobsError
 
 FAKE_URL = "http://pandastack.fake.invalid"
 FAKE_KEY = "pds_fake0000000000000000000000000000"
@@ -149,7 +150,7 @@ class FakeSandbox:
         }
 
 
-class _Http(Exception):
+class _Http(PandaStackJobsError):
     """An HTTP error answer of the fake server, turned into the SDK's exception by status."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.guest.agent import (
     _HEADER,
     BEAT,
@@ -74,7 +75,7 @@ def clean_text(value: Any) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-class AgentUnavailable(Exception):
+class AgentUnavailable(PandaStackLocalError):
     """The sandbox's agent cannot be reached: the sandbox is gone or dying."""
 
 
@@ -90,7 +91,7 @@ class AgentDeadline(AgentUnavailable):
     """The request's own deadline passed (the agent may still be alive): the request ends."""
 
 
-class AgentError(Exception):
+class AgentError(PandaStackLocalError):
     """The agent answered with an error (e.g. a failed file operation)."""
 
     def __init__(self, reply: dict[str, Any]) -> None:

@@ -37,6 +37,8 @@ from pandastack_local.limits import (
     connection_caps,
 )
 
+log = logging.getLogger(__name__)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pandastack-local", description=__doc__)
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         protect_device_nodes()
     except OSError as exc:
-        logging.getLogger("pandastack_local").warning("isolation: device nodes stay writable: %s", exc)
+        log.warning("isolation: device nodes stay writable: %s", exc)
     try:
         import uvicorn
 
@@ -239,7 +241,7 @@ def server_config(args: argparse.Namespace, app: object, uvicorn: Any) -> Any:
     total, per_client = connection_caps(
         soft, max(args.max_connections, 1), max(args.max_connections_per_client, 1), sandboxes
     )
-    logging.getLogger("pandastack_local").warning(
+    log.warning(
         "connections: at most %d at once, %d per client address (descriptor limit %d); headers within "
         "%g s, idle keep-alive %d s",
         total,

@@ -26,6 +26,7 @@ from typing import Any
 from pandastack_local import agent_client
 from pandastack_local.admission import Admission, Occupant
 from pandastack_local.config import ServerConfig
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.guest.agent import HEARTBEAT_SECONDS
 from pandastack_local.isolation import guest_dir
 from pandastack_local.isolation.backend import MemoryForker, make_backend
@@ -37,7 +38,7 @@ from pandastack_local.templates import pythonenv
 from pandastack_local.templates.build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
 from pandastack_local.templates.registry import Template, template_registry
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 DEFAULT_TTL_SECONDS = 300
 MAX_FORK_COUNT = 16
@@ -52,7 +53,7 @@ PRESSURE_SCAN_SECONDS = 0.5  # how often the pressure guard reads the sandboxes'
 BUSY_GRACE_SECONDS = 5 * HEARTBEAT_SECONDS  # room for a loaded host
 
 
-class ApiError(Exception):
+class ApiError(PandaStackLocalError):
     """An error with the HTTP status and message the wire API promises."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The distribution's own import name, ``pandastack_workflows``: it holds no code.
+"""The distribution's own import name, ``pandastack_workflows``: no code but ``moved`` (old module names).
 
 Airflow finds a provider's example DAGs by importing the module it guesses from the distribution
 name (``pandastack-workflows`` → ``pandastack_workflows``); without this package every Airflow

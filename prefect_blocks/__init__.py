@@ -20,17 +20,21 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from pandastack_workflows.moved import register
+
 from .versions import check_prefect
 
 check_prefect()  # before Prefect is imported: an unsupported one fails here, naming the range
 
 from .cleanup import sandbox_cleanup_hook, sweep_flow_run
 from .credentials import PandaStackCredentials
-from .errors import SandboxJobFailed
+from .exceptions import PandaStackPrefectError, SandboxJobFailed
 from .forkpool import WarmParent, run_in_fork, warm_pool
 from .retries import REDELIVERY_DELAY, Backoff, make_retry_condition, retry_on_redeliver
 from .sandbox import PandaStackSandbox, PandaStackSandboxRun
 from .tasks import arun_in_sandbox, run_in_sandbox, sandbox_task
+
+register({"prefect_blocks.errors": "prefect_blocks.exceptions"})
 
 try:
     __version__ = version("pandastack-workflows")
@@ -41,6 +45,7 @@ __all__ = [
     "REDELIVERY_DELAY",
     "Backoff",
     "PandaStackCredentials",
+    "PandaStackPrefectError",
     "PandaStackSandbox",
     "PandaStackSandboxRun",
     "SandboxJobFailed",

@@ -28,7 +28,7 @@ from pandastack_jobs import JobOutcome
 from .keys import artifact_key
 from .settings import PandaStackSettings, get_settings
 
-logger = logging.getLogger("prefect_blocks")
+logger = logging.getLogger(__name__)
 
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 HTML_SUFFIXES = (".html", ".htm")

@@ -34,7 +34,7 @@ from pandastack_jobs.lifecycle import OutputCallback
 
 from .artifacts import publish_dead_letter, publish_outcome
 from .credentials import PandaStackCredentials, resolve_credentials
-from .errors import SandboxJobFailed
+from .exceptions import SandboxJobFailed
 from .keys import artifact_key, current_job_key, fingerprint, reap_dead_flow_attempts
 from .retries import wait_for_redelivery
 
@@ -48,7 +48,7 @@ def run_logger() -> Any:
     try:
         return get_run_logger()
     except MissingContextError:
-        return get_logger("prefect_blocks")
+        return get_logger(__name__)
 
 
 def line_logger(log: Any) -> LineSplitter:

@@ -21,7 +21,7 @@ from prefect import task
 from pandastack_jobs import DEFAULT_PARENT_TTL, JobOutcome, WarmPool
 
 from .credentials import PandaStackCredentials
-from .errors import SandboxJobFailed
+from .exceptions import SandboxJobFailed
 from .execution import JobRequest, execute, run_logger
 from .sandbox import PandaStackSandbox
 from .tasks import TASK_OPTIONS, build_request, job_signature

@@ -27,9 +27,9 @@ import pandastack
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext, TaskRunContext
 
-from pandastack_jobs import JobKey, sweep
+from pandastack_jobs import Engine, JobKey, sweep
 
-ENGINE = "prefect"
+ENGINE = Engine.PREFECT
 FLOW_ATTEMPT_FACTOR = 1000
 _KEY_CHARS = re.compile(r"[^a-z0-9-]+")
 

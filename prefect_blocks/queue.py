@@ -21,9 +21,10 @@ from pandastack_jobs import JobOutcome, JobSpec
 from pandastack_jobs.queue import Consumer, QueueJob, batch_done, open_transport
 
 from .credentials import PandaStackCredentials
+from .exceptions import PandaStackPrefectError
 
 
-class QueueMessageFailed(RuntimeError):
+class QueueMessageFailed(PandaStackPrefectError, RuntimeError):
     """A message's job failed: its task run fails with the reason, the broker decides the rest."""
 
     def __init__(self, outcome: JobOutcome) -> None:

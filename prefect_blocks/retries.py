@@ -2,7 +2,7 @@
 
 Prefect asks ``retry_condition_fn(task, task_run, state)`` whether a failed run
 may retry. :func:`retry_on_redeliver` answers yes only for a
-:class:`~prefect_blocks.errors.SandboxJobFailed` that the core classified as
+:class:`~prefect_blocks.exceptions.SandboxJobFailed` that the core classified as
 redeliverable (non-zero exit, timeout, lost sandbox, network, capacity);
 dead-lettered jobs (permanent exit codes, a missing or invalid result, auth,
 bad requests) and anything that is not a sandbox failure fail at once.
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from uuid import UUID
 
-from .errors import SandboxJobFailed
+from .exceptions import SandboxJobFailed
 from .settings import get_settings
 
-logger = logging.getLogger("prefect_blocks")
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _pending: dict[UUID, float] = {}
@@ -114,7 +114,7 @@ class RetryOnRedeliver:
         if not isinstance(exc, SandboxJobFailed):
             return False
         if not exc.redeliver:
-            logger.info("pandastack: dead-lettered, not retrying: %s", exc.message)
+            logger.info("dead-lettered, not retrying: %s", exc.message)
             return False
         retry_number = max(1, int(getattr(task_run, "run_count", 1) or 1))
         delay = self.backoff_for(task).delay(retry_number, exc.retry_after)

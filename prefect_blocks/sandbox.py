@@ -25,7 +25,7 @@ from pydantic import Field, PrivateAttr
 from pandastack_jobs import JobHandle, JobOutcome, job_option, option_names
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials
-from .errors import SandboxJobFailed
+from .exceptions import SandboxJobFailed
 from .execution import JobRequest, execute
 
 PREFECT_OPTIONS = ("concurrency_limit", "publish_artifacts")

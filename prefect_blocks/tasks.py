@@ -87,7 +87,7 @@ def run_in_sandbox(
     options (``template``, ``timeout``, ``collect``, ...: see
     :func:`pandastack_jobs.job_options`) left as None come from ``sandbox`` (a
     :class:`PandaStackSandbox` block) or its defaults. Raises
-    :class:`~prefect_blocks.errors.SandboxJobFailed` on failure.
+    :class:`~prefect_blocks.exceptions.SandboxJobFailed` on failure.
     """
     return execute(build_request(command, files, input, **kw)).result
 

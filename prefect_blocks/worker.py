@@ -35,7 +35,7 @@ from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from pydantic import Field, PrivateAttr
 
-from pandastack_jobs import FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
+from pandastack_jobs import Engine, FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
 from pandastack_jobs.reaper import delete_sandbox
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun, WorkPool
     from prefect.client.schemas.responses import DeploymentResponse
 
-ENGINE = "prefect-worker"
+ENGINE = Engine.PREFECT_WORKER
 DEFAULT_TEMPLATE = "prefect"
 DEFAULT_TIMEOUT = 3600.0
 ENV_FILE = "/work/.prefect/flow-run.env"
@@ -62,7 +62,7 @@ META_WORKER = "prefect_worker"
 META_FLOW_RUN = "prefect_flow_run_id"
 FINAL = frozenset({StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED})
 
-logger = logging.getLogger("prefect_blocks.worker")
+logger = logging.getLogger(__name__)
 
 
 class PandaStackJobConfiguration(BaseJobConfiguration):
@@ -371,7 +371,7 @@ class PandaStackWorker(
                 )
                 await self.sweep_orphans(defaults.credentials)
             except Exception as exc:  # noqa: BLE001 - a failed sweep must not stop polling
-                self._logger.warning("pandastack: orphan sweep failed: %s", exc)
+                self._logger.warning("orphan sweep failed: %s", exc)
         self._polls += 1
         return await super().get_and_submit_flow_runs()
 
@@ -413,7 +413,7 @@ class PandaStackWorker(
                         f"The worker running this flow run stopped; its sandbox {sandbox_id} was "
                         "deleted by another worker's sweep.",
                     )
-        self._logger.info("pandastack: swept %d orphaned sandbox(es): %s", len(deleted), deleted)
+        self._logger.info("swept %d orphaned sandbox(es): %s", len(deleted), deleted)
         return deleted
 
     async def _is_final(self, run_id: str) -> bool:

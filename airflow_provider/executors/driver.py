@@ -24,9 +24,11 @@ from typing import Any, ClassVar
 
 import pandastack
 
+from airflow_provider.exceptions import PandaStackAirflowError
 from pandastack_jobs import (
     ConnectionConfig,
     DetachedJob,
+    Engine,
     FailureKind,
     JobKey,
     JobOutcome,
@@ -52,11 +54,11 @@ from .models import (
     SandboxState,
 )
 
-logger = logging.getLogger("airflow_provider.executors")
+logger = logging.getLogger(__name__)
 
 # Sandbox metadata key carrying the task try's pre-assigned UUID (fence and recover look for it).
 REQUEST_LABEL = "airflow_ti_uuid"
-ENGINE = "airflow-executor"
+ENGINE = Engine.AIRFLOW_EXECUTOR
 OUTPUT_TAIL_BYTES = 16 * 1024
 # The launch request's labels, as the core's job key writes them on the sandbox's metadata.
 LABEL_KEYS = {
@@ -70,7 +72,7 @@ LABEL_KEYS = {
 SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 
 
-class SandboxLaunchError(RuntimeError):
+class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
     """The sandbox could not be started; the message says why (already redacted)."""
 
 
@@ -308,7 +310,7 @@ class PandaStackDriver(SandboxDriver):
         if left:
             raise SandboxLaunchError(f"could not delete sandbox(es) {left} of request {request_id}; retrying")
         if deleted:
-            logger.info("pandastack: fenced request %s: deleted %s", request_id, deleted)
+            logger.info("fenced request %s: deleted %s", request_id, deleted)
         return deleted
 
     async def fence(self, request_id: str) -> None:

@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any
 from uuid import UUID
 
+from airflow_provider.exceptions import PandaStackAirflowError
 from pandastack_jobs.spec import TEMPLATE_NAME
 
 # executor_config={"pandastack": {...}}: the keys a task may set.
@@ -37,7 +38,7 @@ class SandboxInvalidHandleError(ValueError):
     """A persisted handle does not describe a sandbox of this request."""
 
 
-class SandboxCapacityError(RuntimeError):
+class SandboxCapacityError(PandaStackAirflowError, RuntimeError):
     """The platform refused to create a sandbox for capacity; try again after ``retry_after`` seconds."""
 
     def __init__(self, message: str, retry_after: float) -> None:

@@ -27,12 +27,13 @@ from airflow.sdk import BaseHook
 from pandastack_jobs import ConnectionConfig, Redactor
 
 from ..compat import AirflowNotFoundException
+from ..exceptions import PandaStackAirflowError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
 
-class PandaStackConnectionError(ValueError):
+class PandaStackConnectionError(PandaStackAirflowError, ValueError):
     """The ``pandastack`` connection is misconfigured. The message names the field and the fix."""
 
 

@@ -41,7 +41,7 @@ from ..attempt import ENGINE, STATE_KEY, forget_sandbox, job_key, reap_recorded,
 from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..publish import DEFAULT_XCOM_MAX_BYTES, Publisher
-from .job import PandaStackJobBaseOperator
+from .base import PandaStackJobBaseOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -73,7 +73,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     """Run ``command`` in a fresh PandaStack sandbox; its ``result.json`` is the task's XCom.
 
     ``command``, ``files``, ``input`` and ``pandastack_conn_id`` are
-    :class:`~airflow_provider.operators.job.PandaStackJobBaseOperator`'s.
+    :class:`~airflow_provider.operators.base.PandaStackJobBaseOperator`'s.
 
     :param deferrable: start the job detached and free the worker slot while it
         runs; a trigger polls for its end.
@@ -92,7 +92,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
     them, docs/airflow.md lists them. Never put the PandaStack key in ``env``.
 
     Retries follow the redelivery table: the operator's default ``retry_policy``
-    is :data:`~airflow_provider.retry.pandastack_retry_policy`.
+    is :data:`~airflow_provider.retries.pandastack_retry_policy`.
     """
 
     template_fields: Sequence[str] = (
@@ -184,7 +184,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         self._killed = True
         if self._handle is not None:
             self._handle.cancel()
-        self.log.warning("PandaStack: task killed; its sandbox was deleted")
+        self.log.warning("task killed; its sandbox was deleted")
 
     # -- deferrable ------------------------------------------------------------------------------
 
@@ -220,9 +220,9 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         """Resume after the trigger fired: collect the result and delete the sandbox."""
         job = DetachedJob.from_dict(event["job"])
         status = event.get("status")
-        self.log.info("PandaStack: trigger reported %s for sandbox %s", status, job.sandbox_id)
+        self.log.info("trigger reported %s for sandbox %s", status, job.sandbox_id)
         if event.get("message"):
-            self.log.warning("PandaStack trigger: %s", event["message"])
+            self.log.warning("trigger: %s", event["message"])
         lines = task_log_lines(self.log) if self.log_output else None
         handle = self._handle = JobHandle()
         outcome = finish_detached(
@@ -245,7 +245,7 @@ class PandaStackSandboxOperator(PandaStackJobBaseOperator):
         def created(sandbox_id: str) -> None:
             record_sandbox(self.log, context, sandbox_id)
             ti.xcom_push(key="sandbox_id", value=sandbox_id)
-            self.log.info("PandaStack: sandbox %s created (try %s)", sandbox_id, ti.try_number)
+            self.log.info("sandbox %s created (try %s)", sandbox_id, ti.try_number)
 
         return created
 

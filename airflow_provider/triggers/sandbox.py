@@ -104,4 +104,4 @@ class PandaStackJobTrigger(BaseTrigger):
         sandbox_id = self.job["sandbox_id"]
         client = await self._client()
         deleted = await asyncio.to_thread(delete_sandbox, client, sandbox_id)
-        self.log.info("PandaStack: task killed while deferred; sandbox %s deleted=%s", sandbox_id, deleted)
+        self.log.info("task killed while deferred; sandbox %s deleted=%s", sandbox_id, deleted)

@@ -30,7 +30,7 @@ from ..spec import JobSpec
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
-logger = logging.getLogger("pandastack_jobs.queue")
+logger = logging.getLogger(__name__)
 
 Sink = Callable[[QueueJob, Delivery, JobOutcome], None]
 """Takes a successful job's result out (raise to leave the message for redelivery)."""

@@ -15,9 +15,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import JobSpecError
+from ..exceptions import JobSpecError, PandaStackJobsError
 from ..options import coerce_options
-from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, JobKey, JobSpec
+from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, Engine, JobKey, JobSpec
 
 FORMAT = "pandastack-job/1"
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -28,7 +28,7 @@ ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 _RESERVED_OPTIONS = frozenset({"key", "classifier"})
 
 
-class MessageError(ValueError):
+class MessageError(PandaStackJobsError, ValueError):
     """A message is malformed, oversized or of an unknown format; ``field`` names the culprit."""
 
     def __init__(self, field: str, problem: str) -> None:
@@ -52,7 +52,9 @@ class QueueJob:
         """The job of delivery number ``delivery``: its key carries the message id and the delivery,
         so the next delivery reaps what a killed worker's attempt left. The job sees both as
         ``$QUEUE_MESSAGE_ID`` and ``$QUEUE_DELIVERY``."""
-        key = JobKey(engine="queue", workflow=queue, task="message", run=self.message_id, try_number=delivery)
+        key = JobKey(
+            engine=Engine.QUEUE, workflow=queue, task="message", run=self.message_id, try_number=delivery
+        )
         meta = {"queue_message_id": self.message_id[:256]}
         if self.tenant:
             meta["tenant"] = self.tenant[:256]

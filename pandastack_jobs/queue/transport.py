@@ -14,12 +14,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..exceptions import PandaStackJobsError
 
-class BrokerUnavailable(ConnectionError):
+
+class BrokerUnavailable(PandaStackJobsError, ConnectionError):
     """The broker cannot be reached (or dropped the connection); the message says which and why."""
 
 
-class LeaseLost(Exception):
+class LeaseLost(PandaStackJobsError):
     """The delivery is no longer ours (its lease ran out and another consumer took it, or the broker
     forgot it): nothing to settle here; the broker redelivers it, or already has."""
 

@@ -37,7 +37,7 @@ from pandastack_local.limits import (
     WRITE_STALL_SECONDS,
 )
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 
 @dataclass

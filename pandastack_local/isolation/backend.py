@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 Ready = Callable[[SandboxProcess], Awaitable[SandboxProcess]]
 Kill = Callable[[SandboxProcess], Awaitable[None]]
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "gvisor")
 DEFAULT_ISOLATION = "bwrap"

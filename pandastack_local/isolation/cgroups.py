@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 LIMITS = ("memory", "pids", "cpu", "freezer")
 CPU_PERIOD_US = 100000

@@ -28,7 +28,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-log = logging.getLogger("pandastack_local")
+from pandastack_local.exceptions import PandaStackLocalError
+
+log = logging.getLogger(__name__)
 
 CLONE_NEWNET = 0x40000000
 CHUNK_BYTES = 64 * 1024
@@ -36,7 +38,7 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 MAX_CONNECTIONS_PER_SANDBOX = 64
 
 
-class EgressError(ValueError):
+class EgressError(PandaStackLocalError, ValueError):
     """An --allow-egress value or a sandbox the relay cannot serve."""
 
 

@@ -37,7 +37,7 @@ REMOVE_SECONDS = 5.0
 RECORD_MAX_BYTES = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from pandastack_local.exceptions import PandaStackLocalError
+
 GUEST_PYTHON = "/usr/bin/python3"
 GUEST_ENV_DIR = "/opt/pandastack/env"
 GUEST_DEB_ROOT = "/opt/pandastack/root"
@@ -50,7 +52,7 @@ _RUNNING: set[subprocess.Popen[str]] = set()
 Progress = Callable[[str], None]
 
 
-class TemplateBuildError(RuntimeError):
+class TemplateBuildError(PandaStackLocalError, RuntimeError):
     """A template whose environment cannot be built: the message names the line or package."""
 
 
@@ -315,7 +317,7 @@ def _font_cache(tmp: Path, venv: Path, name: str, progress: Progress) -> None:
 
 
 # ---- the server's side: build in the background, serve the other templates meanwhile --------
-class TemplateNotReady(RuntimeError):
+class TemplateNotReady(PandaStackLocalError, RuntimeError):
     """The template's environment is still being built."""
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.templates import build as template_build
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.build import TemplateBuildError, parse_debs, parse_requirements
@@ -106,7 +107,7 @@ BUILTIN_TEMPLATES = (
 )
 
 
-class TemplateError(ValueError):
+class TemplateError(PandaStackLocalError, ValueError):
     """A template directory that cannot be used."""
 
 

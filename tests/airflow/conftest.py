@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.airflow_env import isolate_airflow_home
+from pandastack_local.testing.airflow_env import isolate_airflow_home
 from tests.support.dagtest import connection_env, migrate_db
 
 assert "airflow" not in sys.modules or os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME"), (

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.executor_stack import ExecutorStack, start_executor_stack
+from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILE = Path(__file__).with_name("executor_dags") / "pandastack_executor_try.py"

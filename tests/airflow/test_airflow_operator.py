@@ -116,7 +116,7 @@ def test_timeout_kills_the_job_on_time(airflow_env, local_server):
 
 
 def test_mapped_tenants_only_the_hostile_one_fails(airflow_env, local_server):
-    jobs = Path(__file__).resolve().parents[2] / "jobs" / "tenants"
+    jobs = Path(__file__).resolve().parents[2] / "sample_jobs" / "tenants"
     rows = [{"id": i, "amount": float(10 * i)} for i in range(1, 8)]
     tenants = ["acme", "globex", "initech", "umbrella", "evil_memory_hog", "acme"]
     with DAG("ps_tenants", schedule=None, start_date=START) as dag:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from airflow_provider.hooks.pandastack import PandaStackHook, config_from_connection
-from airflow_provider.retry import pandastack_retry_policy
+from airflow_provider.retries import pandastack_retry_policy
 from tests.support.dagtest import airflow_cli, connection_env
 
 

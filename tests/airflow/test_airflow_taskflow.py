@@ -10,17 +10,17 @@ import pendulum
 import pytest
 from airflow.sdk import DAG, task
 
-from airflow_provider.operators.pool import (
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from airflow_provider.operators.warm_fork import (
     PandaStackForkOperator,
     PandaStackWarmPoolSetupOperator,
     PandaStackWarmPoolTeardownOperator,
 )
-from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 from pandastack_jobs import JobSpec, start_detached
 from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
+JOBS = Path(__file__).resolve().parents[2] / "sample_jobs"
 
 
 def summarise(rows: list, scale: int = 1) -> dict:

@@ -21,12 +21,12 @@ from airflow.sdk.bases.decorator import DecoratedOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider.decorators.pandastack import _PandaStackDecoratedOperator
-from airflow_provider.operators.pool import (
+from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from airflow_provider.operators.warm_fork import (
     PandaStackForkOperator,
     PandaStackWarmPoolSetupOperator,
     PandaStackWarmPoolTeardownOperator,
 )
-from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 from pandastack_jobs import option_names
 from tests.support.dagtest import run_dag, task_instances, xcom
 

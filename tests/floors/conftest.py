@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.airflow_env import isolate_airflow_home
+from pandastack_local.testing.airflow_env import isolate_airflow_home
 
 HAS_AIRFLOW = importlib.util.find_spec("airflow") is not None
 HAS_PREFECT = importlib.util.find_spec("prefect") is not None

@@ -95,7 +95,7 @@ def test_bad_option_values_name_the_field(values: dict, field: str) -> None:
 def test_copies_keep_every_option_and_the_classifier() -> None:
     spec = JobSpec(command="true", permanent_exit_codes=[3], retry_on_timeout=False, max_file_bytes=10)
     copy = dataclasses.replace(spec, ttl=900)
-    assert copy.rules == spec.rules and copy.max_file_bytes == 10 and copy.ttl == 900
+    assert copy.classifier == spec.classifier and copy.max_file_bytes == 10 and copy.ttl == 900
     custom = Classifier(permanent_exit_codes=frozenset({5}))
     assert JobSpec(command="true", classifier=custom).permanent_exit_codes == frozenset({5})
     with pytest.raises(JobSpecError, match="classifier"):

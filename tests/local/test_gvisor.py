@@ -238,11 +238,11 @@ def test_the_pool_hands_over_a_gvisor_sandbox(gvisor_server: LocalServer, gclien
 
 
 def test_the_warm_fork_example_keeps_its_model_in_memory(gclient: Any) -> None:
-    """jobs/warm (the WarmPool example of dags/ and flows/): the warm-up leaves a model loaded in
+    """sample_jobs/warm (the WarmPool example of dags/ and flows/): the warm-up leaves a model loaded in
     a long-lived process; under gVisor every forked job reads it from that process's memory."""
     from pandastack_jobs import JobSpec, WarmPool
 
-    jobs = Path(__file__).resolve().parents[2] / "jobs" / "warm"
+    jobs = Path(__file__).resolve().parents[2] / "sample_jobs" / "warm"
     files = {"warmup.py": (jobs / "warmup.py").read_text(), "score.py": (jobs / "score.py").read_text()}
     with WarmPool(gclient, warmup=JobSpec(command="python3 warmup.py", files=files, timeout=60)) as pool:
         outcomes = [

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandastack
 import pytest
 
-from tests.support.procs import pids_matching
+from pandastack_local.testing.procs import pids_matching
 from tests.support.server import GVISOR
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -32,6 +32,7 @@ from prefect.settings import PREFECT_API_URL, get_current_settings
 from prefect.states import Cancelling
 
 from pandastack_local import LocalServer
+from pandastack_local.testing.waiting import wait_for
 from prefect_blocks import PandaStackCredentials
 from prefect_blocks.worker import (
     ENV_FILE,
@@ -41,7 +42,6 @@ from prefect_blocks.worker import (
     META_WORKER,
     PandaStackWorker,
 )
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from e2e.procs import ProcessGroup, free_port, port_open, run
+from pandastack_local.testing.waiting import wait_for
 from tests.queue.proxy import Relay
-from tests.support.waiting import wait_for
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

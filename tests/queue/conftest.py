@@ -21,8 +21,8 @@ from e2e.procs import ProcessGroup
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, Stats
 from pandastack_local import LocalServer
+from pandastack_local.testing.waiting import wait_for
 from tests.queue.brokers import AWS_ENV, KINDS, Broker, run_dir
-from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSPORTS = list(KINDS)

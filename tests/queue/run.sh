@@ -50,7 +50,7 @@ cleanup() {
   while read -r pgid _; do kill -KILL -- "-$pgid" 2>/dev/null || true; done <"$RUN_DIR/all-pgids"
   left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
 import os, sys
-from tests.support.procs import listening_ports, pids, read_proc
+from pandastack_local.testing.procs import listening_ports, pids, read_proc
 run_dir = sys.argv[1]
 try:
     ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}

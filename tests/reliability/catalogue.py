@@ -1,7 +1,7 @@
 """The hostile-job catalogue: the hostile template, the hostile jobs and what the project
 documents for each, the well-behaved sibling and the escape probe.
 
-The guest programs are files (``hostile/*.py``, and ``jobs/tenants/evil_*.py`` for the two the
+The guest programs are files (``hostile/*.py``, and ``sample_jobs/tenants/evil_*.py`` for the two the
 examples share), read at run time and sent into the sandbox as ``job.py``. Engine-neutral:
 imported by the core, Airflow and Prefect files alike.
 """
@@ -17,7 +17,7 @@ from pandastack_jobs import FailureClass, FailureKind
 from tests.support.server import GVISOR, write_template
 
 HOSTILE_DIR = Path(__file__).resolve().parent / "hostile"
-TENANTS = Path(__file__).resolve().parents[2] / "jobs" / "tenants"
+TENANTS = Path(__file__).resolve().parents[2] / "sample_jobs" / "tenants"
 
 # The orchestrator's own secret: set in the test process (and so in the server's environment).
 CANARY_NAME = "PS_RELIABILITY_ORCHESTRATOR_SECRET"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from pandastack_local import LocalServer
+from pandastack_local.testing.airflow_env import isolate_airflow_home
 from tests.reliability.catalogue import CANARY_NAME, CANARY_VALUE, write_hostile_template
 from tests.reliability.probes import HostProbe
-from tests.support.airflow_env import isolate_airflow_home
 
 if "airflow" not in sys.modules:
     isolate_airflow_home("ps-rel-airflow-")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_jobs import JobOutcome
-from tests.support.procs import pids_matching, starttime
+from pandastack_local.testing.procs import pids_matching, starttime
 
 
 class FakeListener:

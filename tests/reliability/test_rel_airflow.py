@@ -17,6 +17,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
+from pandastack_local.testing.procs import rss_and_fds
 from tests.reliability.catalogue import (
     CANARY_VALUE,
     FAKE_TOKEN,
@@ -30,7 +31,6 @@ from tests.reliability.catalogue import (
 )
 from tests.reliability.probes import secret_free
 from tests.support.dagtest import all_xcom_text, connection_env, migrate_db, run_dag, task_instances, xcoms
-from tests.support.procs import rss_and_fds
 
 pytestmark = pytest.mark.reliability
 

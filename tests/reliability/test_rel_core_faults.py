@@ -26,10 +26,10 @@ from pandastack_jobs import (
     run_job,
     sweep_job,
 )
+from pandastack_local.testing.waiting import wait_for
 from tests.reliability import rel_worker
 from tests.reliability.catalogue import TEMPLATE
 from tests.reliability.probes import HostProbe, Recorder, outcome_text, secret_free
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.reliability
 HERE = Path(__file__).parent

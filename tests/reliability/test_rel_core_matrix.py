@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobOutcome, JobSpec, run_job
+from pandastack_local.testing.procs import pids_matching, rss_and_fds
+from pandastack_local.testing.waiting import wait_for
 from tests.reliability.catalogue import (
     CANARY_NAME,
     CANARY_VALUE,
@@ -37,9 +39,7 @@ from tests.reliability.catalogue import (
     sibling_rows,
 )
 from tests.reliability.probes import FakeListener, Recorder, host_ip, outcome_text, secret_free
-from tests.support.procs import pids_matching, rss_and_fds
 from tests.support.server import GVISOR
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.reliability
 

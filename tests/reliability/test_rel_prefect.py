@@ -15,6 +15,7 @@ pytest.importorskip("prefect.testing.utilities")
 
 from prefect import flow, unmapped
 
+from pandastack_local.testing.procs import rss_and_fds
 from prefect_blocks import PandaStackCredentials, PandaStackSandbox, SandboxJobFailed, run_in_sandbox
 from tests.reliability.catalogue import (
     CANARY_VALUE,
@@ -30,7 +31,6 @@ from tests.reliability.catalogue import (
 from tests.reliability.probes import secret_free
 from tests.support.prefect_fixtures import fast_redelivery, prefect_api
 from tests.support.prefect_readback import artifacts_text, flow_run_id, logs, task_runs
-from tests.support.procs import rss_and_fds
 
 pytestmark = pytest.mark.reliability
 __all__ = ["fast_redelivery", "prefect_api"]  # fixtures, used by name

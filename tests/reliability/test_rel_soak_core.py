@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pandastack_jobs import ConnectionConfig, JobKey, JobSpec, run_job
+from pandastack_local.testing.procs import rss_and_fds
 from tests.reliability.catalogue import TEMPLATE
-from tests.support.procs import rss_and_fds
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from pandastack_local import LocalServer, agent_client
+from pandastack_local.testing.procs import descendants
 from tests.security.conftest import SMALL
-from tests.support.procs import descendants
 from tests.support.server import GVISOR, fail_on_leftovers, write_template
 
 # The agent's silence deadline (agent_client.AGENT_SILENCE_SECONDS; 10 s before it existed).

@@ -32,7 +32,7 @@ from pandastack_local.isolation.cgroups import MIB, Cgroups, socket_budget
 from pandastack_local.isolation.process import SandboxProcess, host_descendants
 from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 # How often the guard looks: every POLL_SECONDS, or less often when looking at every sandbox takes
 # longer than CPU_SHARE of that (about 30 us a sandbox: 100 sandboxes are looked at every 0.15 s).

@@ -63,6 +63,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.isolation import mountns, process
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap.sandbox import bind_sources, exposed_sources
@@ -71,7 +72,7 @@ from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pandastack_local.isolation.gvisor.boot_images import BootImages
@@ -106,7 +107,7 @@ SENTRY_PIDS = 256
 _SKELETON_DIRS = ("proc", "dev", "sys", "tmp", "var/tmp", "work", "root", "etc", "usr", "opt", "run")
 
 
-class RunscUnavailable(RuntimeError):
+class RunscUnavailable(PandaStackLocalError, RuntimeError):
     """No usable runsc: the message says how to get one."""
 
 

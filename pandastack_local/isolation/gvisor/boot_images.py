@@ -22,7 +22,7 @@ from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.gvisor.backend import GvisorBackend, boot_image_key
 from pandastack_local.templates.registry import Template
 
-log = logging.getLogger("pandastack_local")
+log = logging.getLogger(__name__)
 
 
 class BootImages:

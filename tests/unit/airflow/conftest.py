@@ -12,7 +12,7 @@ import pytest
 
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.testing import FAKE_KEY, FAKE_URL, FakeClient
-from tests.support.airflow_env import isolate_airflow_home
+from pandastack_local.testing.airflow_env import isolate_airflow_home
 
 assert "airflow" not in sys.modules or os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME"), (
     "airflow was imported before tests/unit/airflow/conftest.py could isolate AIRFLOW_HOME"

@@ -155,7 +155,7 @@ def test_deferrable_defers_with_the_job_and_finishes_from_the_event(wired: FakeC
 
 def test_the_retry_policy_waits_at_least_the_servers_retry_after() -> None:
     from airflow_provider.exceptions import PandaStackJobDeadLetter, PandaStackJobRedeliver
-    from airflow_provider.retry import pandastack_retry_policy
+    from airflow_provider.retries import pandastack_retry_policy
     from pandastack_jobs import FailureClass, FailureKind, JobOutcome
 
     def outcome(kind: FailureKind, cls: FailureClass, retry_after: float | None = None) -> JobOutcome:

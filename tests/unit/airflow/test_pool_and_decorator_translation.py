@@ -14,7 +14,7 @@ from tests.unit.airflow.tis import TI, context
 
 
 def test_setup_fork_and_teardown_share_one_warm_parent(wired: FakeClient) -> None:
-    from airflow_provider.operators.pool import (
+    from airflow_provider.operators.warm_fork import (
         PandaStackForkOperator,
         PandaStackWarmPoolSetupOperator,
         PandaStackWarmPoolTeardownOperator,
@@ -45,7 +45,7 @@ def test_setup_fork_and_teardown_share_one_warm_parent(wired: FakeClient) -> Non
 
 def test_a_failed_warmup_is_the_outcomes_exception_and_leaves_nothing(wired: FakeClient) -> None:
     from airflow_provider.exceptions import PandaStackJobDeadLetter
-    from airflow_provider.operators.pool import PandaStackWarmPoolSetupOperator
+    from airflow_provider.operators.warm_fork import PandaStackWarmPoolSetupOperator
 
     wired.script("warm.py", exit_code=4, stderr="no weights\n")
     op = PandaStackWarmPoolSetupOperator(task_id="warm", command="python3 warm.py", permanent_exit_codes=[4])
@@ -57,7 +57,10 @@ def test_a_failed_warmup_is_the_outcomes_exception_and_leaves_nothing(wired: Fak
 def test_a_fork_without_a_parent_fails_and_a_teardown_without_one_does_nothing(wired: FakeClient) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from airflow_provider.operators.pool import PandaStackForkOperator, PandaStackWarmPoolTeardownOperator
+    from airflow_provider.operators.warm_fork import (
+        PandaStackForkOperator,
+        PandaStackWarmPoolTeardownOperator,
+    )
 
     with pytest.raises(AirflowFailException, match="parent_id is empty"):
         PandaStackForkOperator(task_id="s", parent_id="", command="x").execute(context())

@@ -16,7 +16,7 @@ import pytest
 from pandastack_jobs import FailureClass, FailureKind, JobOutcome
 from pandastack_jobs.testing import FakeClient
 from prefect_blocks import PandaStackSandbox
-from prefect_blocks.errors import SandboxJobFailed
+from prefect_blocks.exceptions import SandboxJobFailed
 from prefect_blocks.execution import execute
 from prefect_blocks.retries import Backoff, RetryOnRedeliver, take_redelivery_delay
 

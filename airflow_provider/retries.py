@@ -8,7 +8,7 @@ exception class alone cannot say: a capacity refusal's ``Retry-After`` becomes
 the minimum delay before the retry. It is the default ``retry_policy`` of every
 PandaStack operator; pass it to other tasks (or wrap it) as you like::
 
-    from airflow_provider.retry import pandastack_retry_policy
+    from airflow_provider.retries import pandastack_retry_policy
 
     PandaStackSandboxOperator(..., retries=3, retry_policy=pandastack_retry_policy)
 """

@@ -1,8 +1,9 @@
-"""The exception a failed sandbox job raises in a Prefect task.
+"""The collection's exceptions: one base, and the one a failed sandbox job raises in a task.
 
-It carries the job's JSON-safe summary (kind, class, reason, exit code,
-Retry-After), never the key and never file contents, so it can be logged,
-stored in a Failed state and pickled by Prefect safely.
+Every exception class of ``prefect_blocks`` derives from :class:`PandaStackPrefectError` (and
+keeps the builtin it always was). :class:`SandboxJobFailed` carries the job's JSON-safe summary
+(kind, class, reason, exit code, Retry-After), never the key and never file contents, so it can
+be logged, stored in a Failed state and pickled by Prefect safely.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from typing import Any, Optional
 from pandastack_jobs import FailureClass, FailureKind, JobOutcome
 
 
-class SandboxJobFailed(Exception):
+class PandaStackPrefectError(Exception):
+    """Base of every exception the collection defines."""
+
+
+class SandboxJobFailed(PandaStackPrefectError):
     """A sandbox job failed. ``redeliver`` says whether a retry in a fresh sandbox may help."""
 
     def __init__(self, message: str, summary: Optional[dict[str, Any]] = None) -> None:

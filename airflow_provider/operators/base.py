@@ -36,7 +36,7 @@ from pandastack_jobs.spec import FileContent
 from ..attempt import job_key
 from ..compat import HAS_RETRY_POLICY, AirflowFailException
 from ..hooks.pandastack import PandaStackHook
-from ..retry import pandastack_retry_policy
+from ..retries import pandastack_retry_policy
 from ..templating import template_error_message
 
 if TYPE_CHECKING:

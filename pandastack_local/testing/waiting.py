@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pandastack_local.exceptions import PandaStackLocalError
+
 T = TypeVar("T")
 
 
-class WaitTimeout(AssertionError):
+class WaitTimeout(PandaStackLocalError, AssertionError):
     """A bounded wait ran out; the message says what was awaited and the last value seen."""
 
 

@@ -31,7 +31,7 @@ from ..attempt import reap_recorded, record_sandbox
 from ..compat import AirflowFailException
 from ..exceptions import exception_for
 from ..hooks.pandastack import PandaStackHook
-from .job import PandaStackJobBaseOperator
+from .base import PandaStackJobBaseOperator
 from .sandbox import PandaStackSandboxOperator
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ class PandaStackWarmPoolSetupOperator(PandaStackJobBaseOperator):
             parent_id = pool.start_parent()
         except WarmupFailed as exc:
             error = exception_for(exc.outcome)
-            self.log.error("PandaStack warm-up failed: %s", error)
+            self.log.error("warm-up failed: %s", error)
             raise error from None
         record_sandbox(self.log, context, parent_id)
         outcome = pool.warmup_outcome
@@ -78,7 +78,7 @@ class PandaStackWarmPoolSetupOperator(PandaStackJobBaseOperator):
                 context["ti"].xcom_push(key="warmup", value=outcome.result)
             for line in outcome.stdout_tail.splitlines():
                 self.log.info("[warm-up stdout] %s", line)
-        self.log.info("PandaStack: warm parent %s ready", parent_id)
+        self.log.info("warm parent %s ready", parent_id)
         return parent_id
 
 
@@ -136,8 +136,8 @@ class PandaStackWarmPoolTeardownOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         if not self.parent_id:
-            self.log.info("PandaStack: no warm parent to delete")
+            self.log.info("no warm parent to delete")
             return
         hook = PandaStackHook(pandastack_conn_id=self.pandastack_conn_id)
         WarmPool.attach(hook.get_conn(), str(self.parent_id), redactor=hook.redactor).close()
-        self.log.info("PandaStack: warm parent %s and its leftover forks deleted", self.parent_id)
+        self.log.info("warm parent %s and its leftover forks deleted", self.parent_id)

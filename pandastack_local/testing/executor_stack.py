@@ -20,7 +20,7 @@ from typing import Any
 
 from pandastack_local import LocalServer
 from pandastack_local.harness import free_port
-from tests.support.airflow_env import api_server_env
+from pandastack_local.testing.airflow_env import api_server_env
 
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
 TEMPLATE = "airflow-worker"
