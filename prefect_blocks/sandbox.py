@@ -29,8 +29,8 @@ from pandastack_jobs import (
     JobOptions,
     JobOutcome,
     admits_none,
-    given_options,
     job_option,
+    merge_options,
     option_names,
 )
 
@@ -216,12 +216,12 @@ class PandaStackSandbox(JobBlock[Any]):
         unknown = set(overrides) - set(option_names()) - set(PREFECT_OPTIONS)
         if unknown:
             raise TypeError(f"unknown sandbox option(s): {sorted(unknown)}")
-        given = given_options(overrides)
+        given = dict(overrides)
         prefect = {name: self._given_or_own(name, given.pop(name, NOT_GIVEN)) for name in PREFECT_OPTIONS}
         command = command or self.command
         if not command:
             raise ValueError("command: no command given; set it on the block or pass trigger(command=...)")
-        options = {name: given.get(name, getattr(self, name)) for name in option_names()}
+        options = merge_options({name: getattr(self, name) for name in option_names()}, given)
         return JobRequest(
             spec=build_spec(command, dict(files or {}), input, options, resolve_job_name(job_name)),
             credentials=self.credentials,
