@@ -274,8 +274,9 @@ def option_parameters(
 ) -> list[inspect.Parameter]:
     """Keyword-only parameters for an adapter's signature, one per option.
 
-    ``optional=True`` makes every default ``None`` ("not given: use the block's value"),
-    as the Prefect tasks have it; otherwise the declared defaults are used.
+    For an engine that reads a runtime signature (Airflow's ``default_args``). ``optional=True``
+    makes every default ``None``, as the Prefect tasks had it before :data:`NOT_GIVEN`; new code
+    types its keywords ``**options: Unpack[JobOptions]`` instead. Otherwise the declared defaults.
     """
     chosen = job_options() if names is None else tuple(job_option(n) for n in names)
     params = []
