@@ -5,7 +5,11 @@ Name, type, default, validation and docs line of every option live on
 operators and ``@task.pandastack``, the Prefect block, ``run_in_sandbox`` and
 ``@sandbox_task``, the fork pools) derives its parameters from that one
 declaration instead of repeating it. Adding an option means adding a field
-there; the adapters pick it up.
+there and its line in :class:`JobOptions` (a unit test fails until both agree); the adapters
+pick it up.
+
+"Not given" is :data:`NOT_GIVEN`, never ``None``: ``None`` is a value where the declaration admits
+it (``ttl=None``: the timeout plus the margin; ``result_path=None``: the job has no result).
 """
 
 from __future__ import annotations
@@ -18,10 +22,67 @@ import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from functools import cache
-from typing import Any, Union
+from typing import Any, Final, TypedDict, Union
 
 from .exceptions import JobSpecError
 from .spec import JobSpec
+
+
+class NotGiven:
+    """The type of :data:`NOT_GIVEN`: an option the caller did not give (distinct from ``None``)."""
+
+    _instance: NotGiven | None = None
+
+    def __new__(cls) -> NotGiven:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "NOT_GIVEN"  # pickled (e.g. in an engine's task parameters) as the one instance
+
+    def __copy__(self) -> NotGiven:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> NotGiven:
+        return self
+
+
+NOT_GIVEN: Final = NotGiven()
+"""An option left out: the adapter's value (a block's field, the declared default) applies."""
+
+
+class JobOptions(TypedDict, total=False):
+    """The job's options as keyword arguments, for static tools: ``**options: Unpack[JobOptions]``.
+
+    The same names and types as the :func:`~pandastack_jobs.spec.option` fields of
+    :class:`JobSpec` (``tests/unit/core/test_options_declared_once.py`` fails when they differ);
+    the docs of each are there. An adapter also accepts the text forms :meth:`JobOption.coerce`
+    reads (a rendered template, a form field).
+    """
+
+    result_path: str | None
+    collect: Sequence[str]
+    template: str
+    timeout: float
+    ttl: int | None
+    metadata: Mapping[str, str]
+    env: Mapping[str, str]
+    permanent_exit_codes: Collection[int]
+    retry_on_timeout: bool
+    max_result_bytes: int
+    max_file_bytes: int
+
+
+def admits_none(annotation: Any) -> bool:
+    """Whether ``None`` is a value of ``annotation`` (``int | None`` yes, ``float`` no)."""
+    return annotation is None or annotation is type(None) or type(None) in typing.get_args(annotation)
 
 
 @dataclass(frozen=True)
@@ -39,6 +100,11 @@ class JobOption:
     def default(self) -> Any:
         """The default value (a fresh one for mutable defaults)."""
         return self._factory() if self._factory is not None else self._default
+
+    @property
+    def admits_none(self) -> bool:
+        """Whether ``None`` is a value of this option (then it means what :class:`JobSpec` says)."""
+        return admits_none(self.annotation)
 
     @property
     def shape(self) -> str:
@@ -166,8 +232,29 @@ def job_option(name: str) -> JobOption:
     raise KeyError(name)
 
 
+def given_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``values`` a caller gave: :data:`NOT_GIVEN` is dropped, and so is ``None``
+    for an option whose type does not admit it (``timeout=None``: a call written when None meant
+    "not given" keeps working). ``None`` stays where it is a value (``ttl``, ``result_path``).
+    Names that are not options are kept, for :func:`coerce_options` to name."""
+    names = set(option_names())
+    return {
+        k: v
+        for k, v in values.items()
+        if v is not NOT_GIVEN and not (v is None and k in names and not job_option(k).admits_none)
+    }
+
+
+def merge_options(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (a block's fields, a queue's defaults) under the :func:`given_options` of
+    ``overrides`` (a call's): what an adapter passes to :func:`coerce_options`, once."""
+    return {**given_options(base), **given_options(overrides)}
+
+
 def coerce_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """:meth:`JobOption.coerce` on each of ``values`` (unknown names are an error naming them)."""
+    """:meth:`JobOption.coerce` on each of ``values`` (unknown names are an error naming them;
+    :data:`NOT_GIVEN` values are left out)."""
+    values = {k: v for k, v in values.items() if v is not NOT_GIVEN}
     unknown = sorted(set(values) - set(option_names()))
     if unknown:
         raise JobSpecError(
@@ -187,8 +274,9 @@ def option_parameters(
 ) -> list[inspect.Parameter]:
     """Keyword-only parameters for an adapter's signature, one per option.
 
-    ``optional=True`` makes every default ``None`` ("not given: use the block's value"),
-    as the Prefect tasks have it; otherwise the declared defaults are used.
+    For an engine that reads a runtime signature (Airflow's ``default_args``). ``optional=True``
+    makes every default ``None``, as the Prefect tasks had it before :data:`NOT_GIVEN`; new code
+    types its keywords ``**options: Unpack[JobOptions]`` instead. Otherwise the declared defaults.
     """
     chosen = job_options() if names is None else tuple(job_option(n) for n in names)
     params = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import pandastack
@@ -60,45 +60,46 @@ def line_logger(log: Any) -> LineSplitter:
     return LineSplitter(emit, max_lines=MAX_LOGGED_LINES)
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobRequest:
-    """Everything one job needs, gathered from a block, a task's arguments and the run context.
+    """One job as a Prefect entry point hands it over: the core's :class:`JobSpec`, built once
+    (by :meth:`PandaStackSandbox.request <prefect_blocks.PandaStackSandbox.request>`) and keyed
+    to the attempt, and Prefect's own fields beside it."""
 
-    ``options`` are the job's options (:func:`pandastack_jobs.job_options`); those
-    not given take the core's defaults. The other fields are Prefect's own.
-    """
-
-    command: str
-    files: Mapping[str, Any] = field(default_factory=dict)
-    input: Any = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    spec: JobSpec
     credentials: Optional[PandaStackCredentials] = None
     concurrency_limit: Optional[str] = None
     publish_artifacts: bool = True
     job_name: Optional[str] = None
     artifact_key: Optional[str] = None
 
+    @property
+    def command(self) -> str:
+        return self.spec.command
+
     def credentials_or_default(self) -> PandaStackCredentials:
         return resolve_credentials(self.credentials)
 
     def name(self) -> str:
-        if self.job_name:
-            return self.job_name
-        ctx = TaskRunContext.get()
-        return ctx.task.name if ctx is not None else "pandastack-job"
+        return job_name(self.job_name)
 
-    def spec(self) -> JobSpec:
-        """The core's job spec, keyed to the current attempt."""
-        options = coerce_options(self.options)
-        template = options.get("template") or job_option("template").default
-        fp = fingerprint(self.command, self.files, self.input, template)
-        return JobSpec(
-            command=self.command,
-            files=dict(self.files),
-            input=self.input,
-            key=current_job_key(self.name(), fp),
-            **options,
-        )
+
+def job_name(given: Optional[str]) -> str:
+    """A job's name: the one given, else the current task's, else ``pandastack-job``."""
+    if given:
+        return given
+    ctx = TaskRunContext.get()
+    return ctx.task.name if ctx is not None else "pandastack-job"
+
+
+def build_spec(
+    command: str, files: Mapping[str, Any], input: Any, options: Mapping[str, Any], name: str
+) -> JobSpec:
+    """The core's job spec, once: ``options`` coerced (text forms read) and the attempt's key."""
+    coerced = coerce_options(options)
+    template = coerced.get("template", job_option("template").default)
+    fp = fingerprint(command, files, input, template)
+    return JobSpec(command=command, files=dict(files), input=input, key=current_job_key(name, fp), **coerced)
 
 
 @contextlib.contextmanager
@@ -126,7 +127,7 @@ def execute(
     task_ctx = TaskRunContext.get()
     if wait_for_retry and task_ctx is not None:
         wait_for_redelivery(task_ctx.task_run.id, log)
-    spec = request.spec()
+    spec = request.spec
     credentials = request.credentials_or_default()
     redactor = credentials.redactor()
     client: pandastack.Client = credentials.get_client()

@@ -10,21 +10,21 @@ afterwards, retried as redelivery like :func:`~prefect_blocks.run_in_sandbox`.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from prefect import task
+from typing_extensions import Unpack
 
 from pandastack_jobs import DEFAULT_PARENT_TTL, JobOutcome, WarmPool
 
 from .credentials import PandaStackCredentials
 from .exceptions import SandboxJobFailed
 from .execution import JobRequest, execute, run_logger
-from .sandbox import PandaStackSandbox
-from .tasks import TASK_OPTIONS, build_request, job_signature
+from .sandbox import PandaStackSandbox, SandboxOverrides
+from .tasks import TASK_OPTIONS, RunOptions, build_request
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ def warm_pool(
     sandbox: Optional[PandaStackSandbox] = None,
     credentials: Optional[PandaStackCredentials] = None,
     parent_ttl: int = DEFAULT_PARENT_TTL,
-    **overrides: Any,
+    **overrides: Unpack[SandboxOverrides],
 ) -> Iterator[WarmParent]:
     """Create a parent sandbox, run the warm-up ``command`` in it once, and yield it for forking.
 
+    ``overrides`` are the job's options for the warm-up, as for :func:`run_in_sandbox`.
     Raises :class:`SandboxJobFailed` if the warm-up fails (the parent is deleted then).
     """
     request = build_request(
@@ -56,7 +57,7 @@ def warm_pool(
     creds = request.credentials_or_default()
     client = creds.get_client()
     log = run_logger()
-    pool = WarmPool(client, request.spec(), parent_ttl=parent_ttl, redactor=creds.redactor())
+    pool = WarmPool(client, request.spec, parent_ttl=parent_ttl, redactor=creds.redactor())
     try:
         parent_id = pool.start_parent()
     except Exception as exc:
@@ -80,27 +81,22 @@ def _fork_runner(parent_id: str) -> Any:
     return run
 
 
-def _run_in_fork(
+@task(name="run_in_fork", **TASK_OPTIONS)
+def run_in_fork(
     parent: WarmParent,
     command: str,
     files: Optional[Mapping[str, Any]] = None,
     input: Any = None,
-    **kw: Any,
+    **options: Unpack[RunOptions],
 ) -> Any:
     """Run one job in a fresh fork of ``parent`` (from :func:`warm_pool`) and return its JSON result.
 
     Takes :func:`~prefect_blocks.run_in_sandbox`'s options, except ``template``: a
     fork is made from its parent's.
     """
-    request: JobRequest = build_request(command, files, input, **kw)
+    if "template" in options:
+        raise TypeError(
+            "run_in_fork() got an unexpected keyword argument 'template' (a fork is its parent's)"
+        )
+    request: JobRequest = build_request(command, files, input, **options)
     return execute(request, runner=_fork_runner(parent.parent_id)).result
-
-
-job_signature(_run_in_fork, exclude=("template",))
-_run_in_fork.__signature__ = _run_in_fork.__signature__.replace(  # type: ignore[attr-defined]
-    parameters=[
-        inspect.Parameter("parent", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=WarmParent),
-        *_run_in_fork.__signature__.parameters.values(),  # type: ignore[attr-defined]
-    ]
-)
-run_in_fork = task(name="run_in_fork", **TASK_OPTIONS)(_run_in_fork)

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from pandastack_jobs import JobOutcome, JobSpec
-from pandastack_jobs.queue import Consumer, QueueJob, batch_done, open_transport
+from pandastack_jobs.queue import CONSUMER_DEFAULTS, Consumer, QueueJob, batch_done, open_transport
 
 from .credentials import PandaStackCredentials
 from .exceptions import PandaStackPrefectError
@@ -67,17 +67,18 @@ def task_runner(job: QueueJob, spec: JobSpec, run: Callable[[], JobOutcome]) -> 
 def consume_queue(
     broker: str,
     credentials: Optional[PandaStackCredentials] = None,
-    concurrency: int = 4,
-    max_messages: int = 100,
-    idle_seconds: float = 5.0,
-    lease_seconds: float = 60.0,
-    max_deliveries: int = 5,
-    release_delay: float = 1.0,
+    concurrency: int = CONSUMER_DEFAULTS.concurrency,
+    max_messages: int = CONSUMER_DEFAULTS.max_messages,
+    idle_seconds: float = CONSUMER_DEFAULTS.idle_seconds,
+    lease_seconds: float = CONSUMER_DEFAULTS.lease_seconds,
+    max_deliveries: int = CONSUMER_DEFAULTS.max_deliveries,
+    release_delay: float = CONSUMER_DEFAULTS.release_delay,
     defaults: Optional[dict[str, Any]] = None,
     allowed_templates: Optional[list[str]] = None,
 ) -> dict[str, int]:
     """Consume up to ``max_messages`` from ``broker`` (stopping once idle ``idle_seconds``); return the
-    batch's counters. An unreachable broker fails the flow run."""
+    batch's counters. An unreachable broker fails the flow run. The consumer's settings and their
+    defaults are the core's (:class:`pandastack_jobs.queue.ConsumerSettings`)."""
     consumer = Consumer(
         open_transport(broker, lease_seconds),
         (credentials or PandaStackCredentials()).connection_config(),
@@ -85,7 +86,7 @@ def consume_queue(
         max_deliveries=max_deliveries,
         defaults=defaults,
         release_delay=release_delay,
-        drain_seconds=3600.0,
+        drain_seconds=CONSUMER_DEFAULTS.batch_drain_seconds,
         allowed_templates=allowed_templates,
         runner=task_runner,
     )

@@ -21,24 +21,54 @@ from typing import Any, Optional
 from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.blocks.abstract import JobBlock, JobRun
 from pydantic import Field, PrivateAttr
+from typing_extensions import Unpack
 
-from pandastack_jobs import JobHandle, JobOutcome, job_option, option_names
+from pandastack_jobs import (
+    NOT_GIVEN,
+    JobHandle,
+    JobOptions,
+    JobOutcome,
+    admits_none,
+    job_option,
+    merge_options,
+    option_names,
+)
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials
 from .exceptions import SandboxJobFailed
-from .execution import JobRequest, execute
+from .execution import JobRequest, build_spec, execute
+from .execution import job_name as resolve_job_name
 
 PREFECT_OPTIONS = ("concurrency_limit", "publish_artifacts")
 """Block fields that are Prefect's own, not the job's (they go to :class:`JobRequest` as they are)."""
 
 
-def option_field(name: str, **constraints: Any) -> Any:
-    """A block field for the job option ``name``: default and description from the core."""
+class SandboxOverrides(JobOptions, total=False):
+    """What a call may override of a :class:`PandaStackSandbox`'s fields: the job's options
+    (:class:`pandastack_jobs.JobOptions`) and Prefect's own (:data:`PREFECT_OPTIONS`).
+
+    Left out (or :data:`~pandastack_jobs.NOT_GIVEN`): the block's value. ``None`` is a value where
+    the field admits it (``ttl=None``: the timeout plus 60 s; ``result_path=None``: no result;
+    ``concurrency_limit=None``: no limit); elsewhere it is read as left out.
+    """
+
+    concurrency_limit: Optional[str]
+    publish_artifacts: bool
+
+
+def option_field(name: str, default: Any = NOT_GIVEN, note: str = "", **constraints: Any) -> Any:
+    """A pydantic field for the job option ``name``: default and description from the core.
+
+    ``default`` replaces the declared one where an adapter needs its own (the worker's template);
+    ``note`` is appended to the declared description (what the option means there)."""
     option = job_option(name)
+    description = f"{option.doc} {note}".strip()
+    if default is not NOT_GIVEN:
+        return Field(default=default, description=description, **constraints)
     if option.shape == "scalar":
-        return Field(default=option.default, description=option.doc, **constraints)
+        return Field(default=option.default, description=description, **constraints)
     return Field(
-        default_factory=dict if option.shape == "mapping" else list, description=option.doc, **constraints
+        default_factory=dict if option.shape == "mapping" else list, description=description, **constraints
     )
 
 
@@ -179,27 +209,33 @@ class PandaStackSandbox(JobBlock[Any]):
         input: Any = None,
         job_name: Optional[str] = None,
         artifact_key: Optional[str] = None,
-        **overrides: Any,
+        **overrides: Unpack[SandboxOverrides],
     ) -> JobRequest:
-        """The job this block runs, with per-call ``overrides`` of its fields (None: the block's)."""
+        """The job this block runs, with per-call ``overrides`` of its fields (left out: the
+        block's), its :class:`~pandastack_jobs.JobSpec` built here, once, for the current attempt."""
         unknown = set(overrides) - set(option_names()) - set(PREFECT_OPTIONS)
         if unknown:
             raise TypeError(f"unknown sandbox option(s): {sorted(unknown)}")
-        values = {name: getattr(self, name) for name in (*option_names(), *PREFECT_OPTIONS)}
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = dict(overrides)
+        prefect = {name: self._given_or_own(name, given.pop(name, NOT_GIVEN)) for name in PREFECT_OPTIONS}
         command = command or self.command
         if not command:
             raise ValueError("command: no command given; set it on the block or pass trigger(command=...)")
+        options = merge_options({name: getattr(self, name) for name in option_names()}, given)
         return JobRequest(
-            command=command,
-            files=dict(files or {}),
-            input=input,
-            options={name: values.pop(name) for name in option_names()},
+            spec=build_spec(command, dict(files or {}), input, options, resolve_job_name(job_name)),
             credentials=self.credentials,
             job_name=job_name,
             artifact_key=artifact_key,
-            **values,
+            **prefect,
         )
+
+    def _given_or_own(self, name: str, value: Any) -> Any:
+        """A call's value of Prefect's own field ``name``, or the block's when it was left out."""
+        annotation = type(self).model_fields[name].annotation
+        if value is NOT_GIVEN or (value is None and not admits_none(annotation)):
+            return getattr(self, name)
+        return value
 
     def _start(self, request: JobRequest) -> PandaStackSandboxRun:
         run = PandaStackSandboxRun(request)
@@ -214,7 +250,7 @@ class PandaStackSandbox(JobBlock[Any]):
         *,
         files: Optional[Mapping[str, Any]] = None,
         input: Any = None,
-        **overrides: Any,
+        **overrides: Unpack[SandboxOverrides],
     ) -> PandaStackSandboxRun:
         return self._start(self.request(command, files=files, input=input, **overrides))
 
@@ -225,7 +261,7 @@ class PandaStackSandbox(JobBlock[Any]):
         *,
         files: Optional[Mapping[str, Any]] = None,
         input: Any = None,
-        **overrides: Any,
+        **overrides: Unpack[SandboxOverrides],
     ) -> PandaStackSandboxRun:
         """Start one job in a fresh sandbox; returns its run (call ``wait_for_completion()``)."""
         return self._start(self.request(command, files=files, input=input, **overrides))
@@ -236,7 +272,7 @@ class PandaStackSandbox(JobBlock[Any]):
         *,
         files: Optional[Mapping[str, Any]] = None,
         input: Any = None,
-        **overrides: Any,
+        **overrides: Unpack[SandboxOverrides],
     ) -> Any:
         """Run one job to its end in this thread and return its JSON result (or raise)."""
         outcome = execute(self.request(command, files=files, input=input, **overrides))

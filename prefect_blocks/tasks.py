@@ -11,18 +11,19 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Optional, TypeVar, Union, overload
+from typing import Any, Optional, TypeVar, Union, cast, overload
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import Task
+from typing_extensions import Unpack
 
-from pandastack_jobs import JobHandle, function_job, option_names, option_parameters, with_parameters
+from pandastack_jobs import JobHandle, function_job
 
 from .credentials import PandaStackCredentials
 from .execution import JobRequest, execute
 from .retries import REDELIVERY_DELAY, retry_on_redeliver
-from .sandbox import PandaStackSandbox
+from .sandbox import PandaStackSandbox, SandboxOverrides
 
 DEFAULT_RETRIES = 2
 
@@ -36,72 +37,80 @@ TASK_OPTIONS: dict[str, Any] = {
 }
 
 
+class RunOptions(SandboxOverrides, total=False):
+    """The keyword arguments of :func:`run_in_sandbox`, :func:`arun_in_sandbox` and
+    :func:`~prefect_blocks.run_in_fork`: the job's options and Prefect's own
+    (:class:`~prefect_blocks.sandbox.SandboxOverrides`: left out, the block's value), and where the
+    job comes from."""
+
+    sandbox: Optional[PandaStackSandbox]
+    """The block whose fields are the defaults (None: a default :class:`PandaStackSandbox`)."""
+    credentials: Optional[PandaStackCredentials]
+    """Overrides the block's credentials."""
+    job_name: Optional[str]
+    """Names the job's attempt (default: the task's name)."""
+    artifact_key: Optional[str]
+    """Key of the job's artifacts (default: from the job's name)."""
+
+
+CALL_ONLY = ("sandbox", "credentials", "job_name", "artifact_key")
+"""The keys of :class:`RunOptions` that are not a block's fields."""
+
+
 def build_request(
     command: str,
     files: Optional[Mapping[str, Any]] = None,
     input: Any = None,
-    *,
-    sandbox: Optional[PandaStackSandbox] = None,
-    credentials: Optional[PandaStackCredentials] = None,
-    concurrency_limit: Optional[str] = None,
-    job_name: Optional[str] = None,
-    artifact_key: Optional[str] = None,
-    **options: Any,
+    **options: Unpack[RunOptions],
 ) -> JobRequest:
-    """The job of one task call: ``sandbox``'s fields, overridden by the call's options (None: kept)."""
+    """The job of one task call: ``sandbox``'s fields under the call's options (left out: kept)."""
+    sandbox, credentials = options.get("sandbox"), options.get("credentials")
     block = sandbox if sandbox is not None else PandaStackSandbox()
     if credentials is not None:
         block = block.model_copy(update={"credentials": credentials})
+    overrides = cast(SandboxOverrides, {k: v for k, v in options.items() if k not in CALL_ONLY})
     return block.request(
         command,
         files=files,
         input=input,
-        job_name=job_name,
-        artifact_key=artifact_key,
-        concurrency_limit=concurrency_limit,
-        **options,
+        job_name=options.get("job_name"),
+        artifact_key=options.get("artifact_key"),
+        **overrides,
     )
 
 
-def job_signature(fn: Callable[..., R], exclude: tuple[str, ...] = ()) -> Callable[..., R]:
-    """Give a task function :func:`build_request`'s signature, with one keyword per job option
-    (from the core's declaration; None keeps the block's value). Prefect reads the signature to
-    bind a call's parameters, so the options are real parameters of the task, declared once."""
-    names = [n for n in option_names() if n not in exclude]
-    fn.__signature__ = with_parameters(  # type: ignore[attr-defined]
-        build_request, option_parameters(names, optional=True), keep_var_keyword=False
-    ).replace(return_annotation=Any)
-    return fn
-
-
 @task(name="run_in_sandbox", **TASK_OPTIONS)
-@job_signature
 def run_in_sandbox(
-    command: str, files: Optional[Mapping[str, Any]] = None, input: Any = None, **kw: Any
+    command: str,
+    files: Optional[Mapping[str, Any]] = None,
+    input: Any = None,
+    **options: Unpack[RunOptions],
 ) -> Any:
     """Run ``command`` in a fresh PandaStack sandbox and return its JSON result.
 
     ``files`` are written before the command runs (relative paths land in
     ``/work``), ``input`` is written as JSON to ``/work/input.json``, and the job
     writes its result as JSON to ``$JOB_RESULT`` (``/work/result.json``). The job
-    options (``template``, ``timeout``, ``collect``, ...: see
-    :func:`pandastack_jobs.job_options`) left as None come from ``sandbox`` (a
-    :class:`PandaStackSandbox` block) or its defaults. Raises
+    options (``template``, ``timeout``, ``collect``, ...: :class:`RunOptions`,
+    declared by :func:`pandastack_jobs.job_options`) left out come from ``sandbox``
+    (a :class:`PandaStackSandbox` block) or its defaults. Raises
     :class:`~prefect_blocks.exceptions.SandboxJobFailed` on failure.
     """
-    return execute(build_request(command, files, input, **kw)).result
+    return execute(build_request(command, files, input, **options)).result
 
 
 @task(name="arun_in_sandbox", **TASK_OPTIONS)
-@job_signature
 async def arun_in_sandbox(
-    command: str, files: Optional[Mapping[str, Any]] = None, input: Any = None, **kw: Any
+    command: str,
+    files: Optional[Mapping[str, Any]] = None,
+    input: Any = None,
+    **options: Unpack[RunOptions],
 ) -> Any:
     """Async form of :func:`run_in_sandbox`: the job runs in a worker thread; cancelling the
     task deletes the sandbox at once."""
     import anyio
 
-    request = build_request(command, files, input, **kw)
+    request = build_request(command, files, input, **options)
     handle = JobHandle()
     try:
         outcome = await anyio.to_thread.run_sync(

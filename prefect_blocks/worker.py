@@ -33,12 +33,13 @@ import pandastack
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
-from pydantic import Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr
 
 from pandastack_jobs import Engine, FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
 from pandastack_jobs.reaper import delete_sandbox
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
+from .sandbox import option_field
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Flow as APIFlow
@@ -65,15 +66,57 @@ FINAL = frozenset({StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, S
 logger = logging.getLogger(__name__)
 
 
-class PandaStackJobConfiguration(BaseJobConfiguration):
-    """How one flow run becomes one sandbox (filled from the pool's base job template)."""
+class PandaStackWorkerFields(BaseModel):
+    """The fields of a ``pandastack`` work pool, declared once: the base job template's variables
+    (:class:`PandaStackWorkerVariables`) and the configuration a flow run gets
+    (:class:`PandaStackJobConfiguration`) both inherit them. ``template``, ``timeout`` and ``ttl``
+    are the core's job options (type and description from ``JobSpec``); a flow run's defaults are
+    its own (the template must hold Prefect, a flow run may take an hour)."""
 
-    credentials: Optional[PandaStackCredentials] = Field(default=None)
-    template: str = Field(default=DEFAULT_TEMPLATE)
-    timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
-    ttl: Optional[int] = Field(default=None)
-    max_concurrent_sandboxes: Optional[int] = Field(default=None, ge=1)
-    stream_output: bool = Field(default=True)
+    credentials: Optional[PandaStackCredentials] = Field(
+        default=None,
+        title="PandaStack credentials",
+        description=(
+            "PandaStack Credentials block with the API URL and key the worker creates sandboxes with; "
+            "empty means PANDASTACK_API / PANDASTACK_API_KEY in the worker's environment. "
+            "The key never enters the sandbox."
+        ),
+    )
+    template: str = option_field(
+        "template",
+        DEFAULT_TEMPLATE,
+        "It must contain Prefect and the flow's dependencies (locally: a python_env template of "
+        "pandastack-local) and be able to reach the Prefect API (locally: pandastack-local serve "
+        "--allow-egress HOST:PORT).",
+        title="Sandbox template",
+    )
+    timeout: float = option_field(
+        "timeout", DEFAULT_TIMEOUT, "Here: of one flow run.", gt=0, title="Timeout (seconds)"
+    )
+    ttl: Optional[int] = option_field(
+        "ttl",
+        None,
+        "The server deletes a sandbox nobody talks to (a SIGKILLed worker's) after it.",
+        title="Sandbox TTL (seconds)",
+    )
+    max_concurrent_sandboxes: Optional[int] = Field(
+        default=None,
+        ge=1,
+        title="Concurrent sandboxes per worker",
+        description=(
+            "At most this many flow runs hold a sandbox at once on one worker; further runs wait on "
+            "the worker. Use the work pool's concurrency limit for a cap across workers."
+        ),
+    )
+    stream_output: bool = Field(
+        default=True,
+        title="Stream output",
+        description="Print the sandbox's stdout/stderr on the worker's console as it arrives.",
+    )
+
+
+class PandaStackJobConfiguration(BaseJobConfiguration, PandaStackWorkerFields):
+    """How one flow run becomes one sandbox (filled from the pool's base job template)."""
 
     _sandbox_env: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -135,55 +178,8 @@ class PandaStackJobConfiguration(BaseJobConfiguration):
         )
 
 
-class PandaStackWorkerVariables(BaseVariables):
+class PandaStackWorkerVariables(BaseVariables, PandaStackWorkerFields):
     """The fields of a ``pandastack`` work pool's base job template (overridable per deployment)."""
-
-    credentials: Optional[PandaStackCredentials] = Field(
-        default=None,
-        title="PandaStack credentials",
-        description=(
-            "PandaStack Credentials block with the API URL and key the worker creates sandboxes with; "
-            "empty means PANDASTACK_API / PANDASTACK_API_KEY in the worker's environment. "
-            "The key never enters the sandbox."
-        ),
-    )
-    template: str = Field(
-        default=DEFAULT_TEMPLATE,
-        title="Sandbox template",
-        description=(
-            "Template every flow run's sandbox starts from. It must contain Prefect and the flow's "
-            "dependencies (locally: a python_env template of pandastack-local) and be able to reach "
-            "the Prefect API (locally: pandastack-local serve --allow-egress HOST:PORT)."
-        ),
-    )
-    timeout: float = Field(
-        default=DEFAULT_TIMEOUT,
-        gt=0,
-        title="Timeout (seconds)",
-        description="Hard limit of one flow run in its sandbox, enforced inside the sandbox.",
-    )
-    ttl: Optional[int] = Field(
-        default=None,
-        title="Sandbox TTL (seconds)",
-        description=(
-            "Idle backstop after which the server deletes a sandbox nobody talks to (a SIGKILLed "
-            "worker's); empty means the timeout plus 60 s."
-        ),
-    )
-    max_concurrent_sandboxes: Optional[int] = Field(
-        default=None,
-        ge=1,
-        title="Concurrent sandboxes per worker",
-        description=(
-            "At most this many flow runs hold a sandbox at once on one worker; further runs wait on "
-            "the worker. Use the work pool's concurrency limit for a cap across workers."
-        ),
-    )
-    stream_output: bool = Field(
-        default=True,
-        title="Stream output",
-        description="Print the sandbox's stdout/stderr on the worker's console as it arrives.",
-    )
 
 
 class PandaStackWorkerResult(BaseWorkerResult):

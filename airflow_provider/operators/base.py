@@ -22,6 +22,7 @@ import jinja2
 from airflow.sdk import BaseOperator, XComArg
 
 from pandastack_jobs import (
+    NOT_GIVEN,
     JobSpec,
     JobSpecError,
     coerce_options,
@@ -46,7 +47,12 @@ F = TypeVar("F")
 
 
 def with_job_options(init: F) -> F:
-    """Add a keyword parameter per job option (declared default) to ``init``'s signature."""
+    """Add a keyword parameter per job option (declared default) to ``init``'s signature.
+
+    At run time, not for static tools: Airflow fills an operator's parameters from
+    ``default_args`` (and checks ``partial``/``expand``) by reading ``__init__``'s signature, so
+    every option must be a parameter there; BaseOperator's own ``**kwargs`` leave no room for an
+    ``Unpack[JobOptions]`` that mypy could check."""
     init.__signature__ = with_parameters(init, option_parameters())  # type: ignore[attr-defined, arg-type]
     return init
 
@@ -74,7 +80,9 @@ class PandaStackJobBaseOperator(BaseOperator):
     :param input: JSON value written to ``/work/input.json`` (``$JOB_INPUT``) (templated).
     :param pandastack_conn_id: the ``pandastack`` connection (templated).
 
-    Every job option (docs/airflow.md lists them) is a keyword parameter, templated.
+    Every job option (docs/airflow.md lists them; :class:`pandastack_jobs.JobOptions` types them)
+    is a keyword parameter, templated; ``None`` means what the core says (``ttl=None``: the timeout
+    plus 60 s), :data:`~pandastack_jobs.NOT_GIVEN` the declared default.
     """
 
     template_fields: Sequence[str] = ("command", "input", *option_names(), "pandastack_conn_id")
@@ -90,7 +98,8 @@ class PandaStackJobBaseOperator(BaseOperator):
         pandastack_conn_id: str = PandaStackHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
-        options = {o.name: kwargs.pop(o.name, o.default) for o in job_options()}
+        given = {o.name: kwargs.pop(o.name, NOT_GIVEN) for o in job_options()}
+        options = {o.name: o.default if given[o.name] is NOT_GIVEN else given[o.name] for o in job_options()}
         if HAS_RETRY_POLICY:  # Airflow >= 3.3; before, the exception class alone decides
             kwargs.setdefault("retry_policy", pandastack_retry_policy)
         super().__init__(**kwargs)

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from pandastack_jobs.queue import BrokerUnavailable, Consumer, batch_done, open_transport
+from pandastack_jobs.queue import (
+    CONSUMER_DEFAULTS,
+    BrokerUnavailable,
+    Consumer,
+    batch_done,
+    open_transport,
+)
 
 from ..hooks.pandastack import PandaStackHook
 
@@ -31,7 +37,8 @@ class PandaStackQueueOperator(BaseOperator):
 
     A broker that cannot be reached fails the task (Airflow's retries apply); message failures
     never fail it: they are the broker's to redeliver or dead-letter. ``fail_on_dead_letter``
-    makes a batch with dead letters fail the task, for alerting.
+    makes a batch with dead letters fail the task, for alerting. The consumer's settings and
+    their defaults are the core's (:class:`pandastack_jobs.queue.ConsumerSettings`).
     """
 
     template_fields: Sequence[str] = ("broker", "defaults")
@@ -42,13 +49,13 @@ class PandaStackQueueOperator(BaseOperator):
         *,
         broker: str,
         pandastack_conn_id: str = PandaStackHook.default_conn_name,
-        concurrency: int = 4,
-        max_messages: int = 100,
-        idle_seconds: float = 5.0,
-        lease_seconds: float = 60.0,
-        max_deliveries: int = 5,
-        release_delay: float = 1.0,
-        drain_seconds: float = 3600.0,
+        concurrency: int = CONSUMER_DEFAULTS.concurrency,
+        max_messages: int = CONSUMER_DEFAULTS.max_messages,
+        idle_seconds: float = CONSUMER_DEFAULTS.idle_seconds,
+        lease_seconds: float = CONSUMER_DEFAULTS.lease_seconds,
+        max_deliveries: int = CONSUMER_DEFAULTS.max_deliveries,
+        release_delay: float = CONSUMER_DEFAULTS.release_delay,
+        drain_seconds: float = CONSUMER_DEFAULTS.batch_drain_seconds,
         defaults: Mapping[str, Any] | None = None,
         allowed_templates: Collection[str] | None = None,
         fail_on_dead_letter: bool = False,

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from .consumer import Consumer, Runner, Sink, Stats, batch_done, reply_sink
+from .consumer import (
+    CONSUMER_DEFAULTS,
+    Consumer,
+    ConsumerSettings,
+    Runner,
+    Sink,
+    Stats,
+    batch_done,
+    reply_sink,
+)
 from .message import FORMAT, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 SCHEMES = ("redis", "rediss", "postgresql", "postgres", "amqp", "amqps", "sqs")
 
 
-def open_transport(url: str, lease_seconds: float = 60.0) -> Transport:
+def open_transport(url: str, lease_seconds: float = CONSUMER_DEFAULTS.lease_seconds) -> Transport:
     """The transport for a broker URL (not yet connected: call ``connect()``)."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
@@ -40,10 +49,12 @@ def open_transport(url: str, lease_seconds: float = 60.0) -> Transport:
 
 
 __all__ = [
+    "CONSUMER_DEFAULTS",
     "FORMAT",
     "SCHEMES",
     "BrokerUnavailable",
     "Consumer",
+    "ConsumerSettings",
     "DeadLetter",
     "Delivery",
     "LeaseLost",

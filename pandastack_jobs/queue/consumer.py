@@ -39,6 +39,33 @@ Runner = Callable[[QueueJob, JobSpec, Callable[[], JobOutcome]], JobOutcome]
 task run; it returns the outcome ``run()`` returned."""
 
 
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """The consumer's settings an adapter offers, with their defaults, declared once here: the
+    Airflow ``PandaStackQueueOperator`` and Prefect's ``consume_queue`` take their defaults from
+    :data:`CONSUMER_DEFAULTS` instead of repeating them."""
+
+    concurrency: int = 4
+    """Jobs running at once."""
+    max_deliveries: int = 5
+    """A message delivered this many times without success is dead-lettered."""
+    release_delay: float = 1.0
+    """The least delay before a redelivery, seconds."""
+    drain_seconds: float = 30.0
+    """How long a stop waits for running jobs before cancelling them."""
+    batch_drain_seconds: float = 3600.0
+    """The same for an engine's batch task: its jobs are let finish (the task's own timeout rules)."""
+    lease_seconds: float = 60.0
+    """The broker's visibility/claim timeout (:func:`~pandastack_jobs.queue.open_transport`)."""
+    max_messages: int = 100
+    """A batch (:func:`batch_done`) stops pulling after this many messages..."""
+    idle_seconds: float = 5.0
+    """...or once nothing ran and nothing came for this long."""
+
+
+CONSUMER_DEFAULTS = ConsumerSettings()
+
+
 @dataclass
 class Stats:
     """Counters for the progress line and the tests."""
@@ -131,12 +158,12 @@ class Consumer:
         connection: ConnectionConfig | None = None,
         *,
         sink: Sink | None = None,
-        concurrency: int = 4,
-        max_deliveries: int = 5,
+        concurrency: int = CONSUMER_DEFAULTS.concurrency,
+        max_deliveries: int = CONSUMER_DEFAULTS.max_deliveries,
         defaults: Mapping[str, Any] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        release_delay: float = 1.0,
-        drain_seconds: float = 30.0,
+        release_delay: float = CONSUMER_DEFAULTS.release_delay,
+        drain_seconds: float = CONSUMER_DEFAULTS.drain_seconds,
         poll_seconds: float = 1.0,
         allowed_templates: Collection[str] | None = None,
         runner: Runner | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import typing
 
 import pytest
 from prefect import flow
@@ -12,6 +13,7 @@ from pandastack_jobs import job_options, option_names
 from pandastack_jobs.lines import CONTINUED
 from prefect_blocks import PandaStackSandbox, SandboxJobFailed, arun_in_sandbox, run_in_fork, run_in_sandbox
 from prefect_blocks.execution import line_logger
+from prefect_blocks.tasks import RunOptions
 
 
 def test_block_fields_are_the_declared_options() -> None:
@@ -25,14 +27,17 @@ def test_block_fields_are_the_declared_options() -> None:
 
 
 def test_task_signatures_are_derived_once() -> None:
+    """The options are ``**options: Unpack[RunOptions]`` (typed from the declaration, no
+    ``__signature__`` rewritten at run time): left out keeps the block's value."""
     sync = inspect.signature(run_in_sandbox.fn)
     assert inspect.signature(arun_in_sandbox.fn) == sync
-    for name in option_names():
-        assert sync.parameters[name].default is None  # None: keep the block's value
-        assert sync.parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+    assert list(sync.parameters) == ["command", "files", "input", "options"]
+    assert sync.parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
+    assert set(option_names()) <= set(typing.get_type_hints(RunOptions))
     fork = inspect.signature(run_in_fork.fn)
     assert list(fork.parameters)[:2] == ["parent", "command"]
-    assert set(option_names()) - set(fork.parameters) == {"template"}  # a fork is its parent's
+    with pytest.raises(TypeError, match="template"):  # a fork is its parent's
+        run_in_fork.fn(None, "true", template="other")
     with pytest.raises(TypeError, match="unknown sandbox option"):
         PandaStackSandbox().request("true", nope=1)
 

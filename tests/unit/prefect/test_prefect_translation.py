@@ -22,9 +22,11 @@ from prefect_blocks.retries import Backoff, RetryOnRedeliver, take_redelivery_de
 
 
 def test_a_call_overrides_the_blocks_fields_and_none_keeps_them() -> None:
+    """``None`` for an option that admits no None (timeout) still keeps the block's value: calls
+    written when None meant "not given" keep working (test_a_ttl_of_none_is_the_cores_none)."""
     block = PandaStackSandbox(command="python3 a.py", timeout=50, env={"A": "1"}, publish_artifacts=False)
     request = block.request(timeout=None, env={"B": "2"}, collect=["out.csv"])
-    spec = request.spec()
+    spec = request.spec
     assert (spec.command, spec.timeout, dict(spec.env), spec.collect) == (
         "python3 a.py",
         50,
@@ -39,10 +41,10 @@ def test_a_call_overrides_the_blocks_fields_and_none_keeps_them() -> None:
 
 
 def test_text_options_are_coerced_and_bad_ones_name_the_field() -> None:
-    spec = PandaStackSandbox().request("x", env='{"N": 1}', permanent_exit_codes="[3]").spec()
+    spec = PandaStackSandbox().request("x", env='{"N": 1}', permanent_exit_codes="[3]").spec
     assert dict(spec.env) == {"N": "1"} and spec.permanent_exit_codes == frozenset({3})
     with pytest.raises(ValueError, match="ttl"):
-        PandaStackSandbox().request("x", timeout=100, ttl=5).spec()
+        PandaStackSandbox().request("x", timeout=100, ttl=5)
 
 
 def test_run_returns_the_result_and_leaves_no_sandbox(wired: FakeClient) -> None:
