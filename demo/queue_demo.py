@@ -167,7 +167,7 @@ class QueueSummary:
             out.append(f"    {r.id:<18} delivery {r.deliveries}  {json.dumps(r.result)}")
         out.append("  dead-lettered (on the dead-letter stream, with the reason):")
         for r in others:
-            out.append(f"    {r.id:<18} deliveries {r.deliveries}  [{r.kind}] {_clip(r.reason, 110)}")
+            out.append(f"    {r.id:<18} deliveries {r.deliveries}  [{r.kind}] {_clip(r.reason, 150)}")
         return out
 
 
