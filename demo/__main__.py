@@ -18,6 +18,7 @@ from pandastack_local import LocalServer
 from .airflow_runner import DAGS, airflow_env, prepare, run_dag
 from .expectations import Row, chart_problem, format_table, surprises
 from .prefect_runner import ROWS_MARKER
+from .queue_demo import QueueSummary
 from .queue_demo import main as queue_demo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +94,12 @@ def main() -> int:
         else:
             rows.extend(found)
         say("Queue: the core consumer on a real Redis stream ...")
-        queue = queue_demo(logs, ConnectionConfig(api_url=server.url, api_key=server.api_key), say)
+        queue: QueueSummary | None = None
+        queue_error = ""
+        try:
+            queue = queue_demo(logs, ConnectionConfig(api_url=server.url, api_key=server.api_key), say)
+        except RuntimeError as exc:  # no redis-server and no way to install it, or it did not start
+            queue_error = str(exc)
         leftovers = server.client().sandboxes.list()
     say("")
     say(format_table(rows))
@@ -105,7 +111,7 @@ def main() -> int:
         say(f"{'Charts (PNG)' if i == 0 else '':<41}-> {chart}")
     say("")
     say("Queue (Redis stream, one sandbox per message, acked only after its result is out):")
-    for line in queue.lines():
+    for line in queue.lines() if queue is not None else [f"not run: {queue_error}"]:
         say(f"  {line}")
     say("")
     say(f"Logs: {logs}")
@@ -117,7 +123,7 @@ def main() -> int:
         problem = chart_problem(chart.read_bytes())
         if problem:
             problems.append(f"{chart}: {problem}")
-    problems.extend(f"queue: {p}" for p in queue.problems)
+    problems.extend(f"queue: {p}" for p in (queue.problems if queue is not None else [queue_error]))
     if leftovers:
         problems.append(f"{len(leftovers)} sandbox(es) left behind")
     if problems:
