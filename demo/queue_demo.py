@@ -23,6 +23,8 @@ STREAM = "demo-jobs"
 CONCURRENCY = 4
 MAX_DELIVERIES = 2
 DEFAULTS = {"template": "base", "timeout": 20}
+RELEASE_DELAY = 0.5
+IDLE_SECONDS = 5.0  # nothing running and nothing received or settled: the batch is over
 
 HONEST_JOB = """\
 import json, os
@@ -195,7 +197,7 @@ def run_queue_demo(redis_url: str, connection: ConnectionConfig, timeout: float 
         concurrency=CONCURRENCY,
         max_deliveries=MAX_DELIVERIES,
         defaults=DEFAULTS,
-        release_delay=0.5,
+        release_delay=RELEASE_DELAY,
         poll_seconds=0.3,
         drain_seconds=10,
     )
@@ -203,7 +205,10 @@ def run_queue_demo(redis_url: str, connection: ConnectionConfig, timeout: float 
     deadline = started + timeout
 
     def done(stats: Stats) -> bool:
-        return stats.acked + stats.dead_lettered >= len(sent) or time.monotonic() > deadline
+        if stats.acked + stats.dead_lettered >= len(sent) or time.monotonic() > deadline:
+            return True
+        # Idle for longer than any redelivery delay: a message was lost (reported as missing).
+        return stats.in_flight == 0 and time.monotonic() - stats.last_activity > IDLE_SECONDS
 
     stats = consumer.run(done)
     seconds = time.monotonic() - started
@@ -264,7 +269,11 @@ def main(log_dir: Path, connection: ConnectionConfig, say: Any = print) -> Queue
     logger.propagate, logger.level = False, logging.INFO
     try:
         with redis_server(log_dir / "redis.log", exe) as url:
-            say(f"  Redis {url} (temporary, stopped after this part); stream {STREAM!r}")
+            shown = url.split("@", 1)[-1]  # no password on the screen
+            say(
+                f"  Redis redis://{shown} (temporary, password-protected, stopped after this part); "
+                f"stream {STREAM!r}"
+            )
             say(
                 f"  {len(messages())} messages, concurrency {CONCURRENCY}, "
                 f"max_deliveries {MAX_DELIVERIES}, template {DEFAULTS['template']!r} ..."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -56,26 +57,38 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, password: str) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            s.sendall(f"AUTH {password}\r\nPING\r\n".encode())
+            reply = b""
+            while b"PONG" not in reply and b"-" not in reply and len(reply) < 256:
+                chunk = s.recv(64)
+                if not chunk:
+                    break
+                reply += chunk
+            return reply.startswith(b"+OK") and b"+PONG" in reply
     except OSError:
         return False
 
 
 @contextlib.contextmanager
 def redis_server(log: Path, exe: str | None = None, tmp: Path | None = None) -> Iterator[str]:
-    """A running Redis for the duration of the block; yields its URL (``redis://127.0.0.1:PORT/0``).
-    Its working directory is a new temporary directory (under ``tmp``, else the system's)."""
+    """A running Redis for the duration of the block; yields its URL
+    (``redis://:PASSWORD@127.0.0.1:PORT/0``). Its working directory is a new temporary directory
+    (under ``tmp``, else the system's); its password, random, is in a 0600 file there, never on a
+    command line, so another local user can neither read nor use the demo's queue."""
     exe = exe or ensure_redis_server()
     workdir = Path(tempfile.mkdtemp(prefix="pandastack-demo-redis-", dir=tmp))
+    password = secrets.token_hex(16)
+    conf = workdir / "redis.conf"
+    conf.touch(mode=0o600)
+    conf.write_text(f"requirepass {password}\n")
     proc: subprocess.Popen[bytes] | None = None
     try:
         for _attempt in range(3):  # a free port can be taken between the probe and Redis's bind
             port = _free_port()
-            argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes"]
+            argv = [exe, str(conf), "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes"]
             argv += ["--save", "", "--appendonly", "no", "--dir", str(workdir)]
             with log.open("ab") as out:
                 proc = subprocess.Popen(
@@ -87,10 +100,10 @@ def redis_server(log: Path, exe: str | None = None, tmp: Path | None = None) -> 
                     preexec_fn=_die_with_parent,  # prctl only: safe between fork and exec
                 )
             deadline = time.monotonic() + 20
-            while proc.poll() is None and time.monotonic() < deadline and not _answers(port):
+            while proc.poll() is None and time.monotonic() < deadline and not _answers(port, password):
                 time.sleep(0.05)
-            if proc.poll() is None and _answers(port):
-                yield f"redis://127.0.0.1:{port}/0"
+            if proc.poll() is None and _answers(port, password):
+                yield f"redis://:{password}@127.0.0.1:{port}/0"
                 return
             _stop(proc)
             proc = None

@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -80,13 +81,30 @@ def test_the_demo_redis_is_stopped_on_ctrl_c(tmp_path: Path, monkeypatch: pytest
 
     def interrupted(url: str, _conn: Any) -> Any:
         seen.append(url)
-        assert port_open(_port(url))
+        port, password = _port(url), urlsplit(url).password
+        assert password and port_open(port)
+        # Password-protected, and the password on no command line another user could read.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"PING\r\n")
+            assert s.recv(64).startswith(b"-NOAUTH")
+        cmdlines = [_read(p) for p in Path("/proc").glob("[0-9]*/cmdline")]
+        ours = [
+            c for c in cmdlines if c.startswith(b"/") and b"redis-server" in c and str(port).encode() in c
+        ]
+        assert ours and not any(password.encode() in c for c in cmdlines)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(queue_demo, "run_queue_demo", interrupted)
     with pytest.raises(KeyboardInterrupt):
         queue_demo.main(tmp_path, ConnectionConfig(api_url="http://127.0.0.1:9", api_key="k"), lambda _: None)
     assert seen and not port_open(_port(seen[0]))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process exited meanwhile
+        return b""
 
 
 _HOLD = """
