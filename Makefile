@@ -177,7 +177,10 @@ test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/prefect-3.6/.installed
 	$(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
 		tests/prefect/test_prefect_newcomer.py $(PYTEST_ARGS)
 
+# The queue part needs the Redis client (the queue extra); demo/redis_server.py installs
+# Debian's redis-server if missing and runs its own on a free loopback port.
 demo: venvs templates
+	@$(AF)/bin/python -c 'import redis' 2>/dev/null || $(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
 	$(AF)/bin/python -m demo
 
 bench: venvs templates

@@ -1,20 +1,25 @@
-"""``make demo``: start the local server, run the three DAGs and the three flows, print a table."""
+"""``make demo``: start the local server, run the three DAGs and the three flows, print a table,
+then run the queue example (twenty messages on a Redis the demo starts and stops)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from pandastack_jobs import ConnectionConfig
 from pandastack_local import LocalServer
 
 from .airflow_runner import DAGS, airflow_env, prepare, run_dag
 from .expectations import Row, chart_problem, format_table, surprises
 from .prefect_runner import ROWS_MARKER
+from .queue_demo import QueueSummary
+from .queue_demo import main as queue_demo
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE = ROOT / ".demo"
@@ -25,7 +30,12 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the Redis and the server are stopped
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     if STATE.exists():
         shutil.rmtree(STATE)
     logs = STATE / "logs"
@@ -83,6 +93,13 @@ def main() -> int:
             )
         else:
             rows.extend(found)
+        say("Queue: the core consumer on a real Redis stream ...")
+        queue: QueueSummary | None = None
+        queue_error = ""
+        try:
+            queue = queue_demo(logs, ConnectionConfig(api_url=server.url, api_key=server.api_key), say)
+        except RuntimeError as exc:  # no redis-server and no way to install it, or it did not start
+            queue_error = str(exc)
         leftovers = server.client().sandboxes.list()
     say("")
     say(format_table(rows))
@@ -92,6 +109,11 @@ def main() -> int:
     charts = sorted(reports.rglob("chart.png"))  # matplotlib in the sandbox, stored by each engine
     for i, chart in enumerate(charts):
         say(f"{'Charts (PNG)' if i == 0 else '':<41}-> {chart}")
+    say("")
+    say("Queue (Redis stream, one sandbox per message, acked only after its result is out):")
+    for line in queue.lines() if queue is not None else [f"not run: {queue_error}"]:
+        say(f"  {line}")
+    say("")
     say(f"Logs: {logs}")
     say(f"Sandboxes left on the server: {len(leftovers)}. Total {time.monotonic() - started:.0f} s.")
     problems = surprises(rows)
@@ -101,12 +123,16 @@ def main() -> int:
         problem = chart_problem(chart.read_bytes())
         if problem:
             problems.append(f"{chart}: {problem}")
+    problems.extend(f"queue: {p}" for p in (queue.problems if queue is not None else [queue_error]))
     if leftovers:
         problems.append(f"{len(leftovers)} sandbox(es) left behind")
     if problems:
         say("UNEXPECTED:\n  " + "\n  ".join(problems))
         return 1
-    say("Every job ended as expected: hostile tenants failed alone, everything else succeeded.")
+    say(
+        "Every job ended as expected: hostile tenants failed alone, everything else succeeded; "
+        "every queue message was acked or dead-lettered as it should."
+    )
     return 0
 
 

@@ -68,6 +68,8 @@ def example_deployments() -> list[tuple[Path, str, str]]:
     return [
         (flows, "tenant_transforms.py:tenant_transforms", "tenant-transforms"),
         (flows, "scheduled_report.py:scheduled_report", "daily-orders-report"),
+        # flows/queue_worker.py's consume_queue flow, the broker and batch given with each run.
+        (flows, "queue_worker.py:consume_queue", "queue-worker"),
     ]
 
 

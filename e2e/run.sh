@@ -32,6 +32,12 @@ if [ ! -f "$AF/.e2e-installed" ] || [ pyproject.toml -nt "$AF/.e2e-installed" ];
 fi
 # Prefect talks to PostgreSQL through asyncpg, which prefect already depends on.
 "$PF/bin/python" -c 'import asyncpg, prefect_blocks' >/dev/null
+# The queue tests' Prefect deployment consumes Redis (redis-py, the queue extra); the Airflow venv
+# has redis-py from celery[redis].
+if ! "$PF/bin/python" -c 'import redis' 2>/dev/null; then
+  echo "e2e: installing the queue extra into $PF"
+  "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,test,queue]'
+fi
 
 RUN_DIR=$(mktemp -d /tmp/pandastack-e2e.XXXXXX)
 chmod 755 "$RUN_DIR"

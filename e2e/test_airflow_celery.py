@@ -14,6 +14,7 @@ from pandastack_local.testing.waiting import wait_for
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .browser import chromium
 from .procs import ProcessGroup
+from .queue_checks import Stream, results_by_id
 from .services import PandaStack, Postgres, Redis
 from .ui_checks import airflow_connection_form
 
@@ -169,6 +170,52 @@ def test_celery_worker_killed_mid_job_retries_on_the_other_worker(
     assert consume["state"] == "success" and consume["try_number"] == 1, consume
     assert airflow.xcom(dag_id, run_id, "consume") == {"value": 42, "slept": 20}
     assert airflow_sandboxes(pandastack, job_run=run_id) == []
+
+
+def test_queue_dag_acks_after_results_and_redelivers_a_failed_message_to_the_next_run(
+    airflow: AirflowStack, pandastack: PandaStack, redis: Redis
+) -> None:
+    """PandaStackQueueOperator under the real scheduler and a Celery worker, on a real Redis stream:
+    run 1 acks ``good`` after its result is on the reply stream, dead-letters ``poison`` and
+    releases ``flaky`` (its first delivery failed); run 2 gets ``flaky`` again and acks it."""
+    dag_id = "e2e_queue"
+    stream = Stream.fresh(redis, "e2e-airflow")
+    stream.send_scenario()
+    airflow.wait_dag(dag_id)
+
+    first = airflow.trigger(dag_id, {"broker": stream.url})
+    assert airflow.wait_run(dag_id, first, timeout=240)["state"] == "success"
+    assert airflow.xcom(dag_id, first, "consume") == {
+        "received": 3,
+        "acked": 1,
+        "redelivered": 1,
+        "dead_lettered": 1,
+        "released_on_drain": 0,
+        "reconnects": 0,
+        "leases_lost": 0,
+    }
+    # Between the runs the broker holds flaky (released, not acked), poison (dead) and one reply.
+    assert results_by_id(stream) == {"good": [{"id": "good", "delivery": 1}]}
+    (dead,) = stream.dead()
+    assert dead["id"] == "poison" and dead["why"]["kind"] == "permanent_exit_code", dead
+    assert "bad input" in dead["why"]["stderr_tail"] and dead["why"]["deliveries"] == 1, dead
+    ((waiting, due),) = stream.delayed()
+    assert waiting["mid"] == "flaky" and waiting["prior"] == 1, waiting
+    assert stream.depth() == {"stream": 0, "pending": 0, "delayed": 1}
+    time.sleep(max(0.0, due - time.time()))  # the next scheduled run would find it due
+
+    second = airflow.trigger(dag_id, {"broker": stream.url})
+    assert airflow.wait_run(dag_id, second, timeout=240)["state"] == "success"
+    summary = airflow.xcom(dag_id, second, "consume")
+    assert (summary["received"], summary["acked"], summary["dead_lettered"]) == (1, 1, 0), summary
+    # Each message's result delivered once; nothing left queued, leased or delayed.
+    assert results_by_id(stream) == {
+        "good": [{"id": "good", "delivery": 1}],
+        "flaky": [{"id": "flaky", "delivery": 2}],
+    }
+    assert [d["id"] for d in stream.dead()] == ["poison"]
+    assert stream.depth() == {"stream": 0, "pending": 0, "delayed": 0}
+    assert pandastack.engine_sandboxes("queue") == []
 
 
 def test_no_airflow_sandbox_left(airflow: AirflowStack, pandastack: PandaStack) -> None:

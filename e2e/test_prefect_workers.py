@@ -14,7 +14,8 @@ from pandastack_local.testing.waiting import wait_for
 from .browser import chromium
 from .prefect_stack import BLOCK_NAME, WORKERS, PrefectStack, start_prefect
 from .procs import ProcessGroup
-from .services import PandaStack, Postgres
+from .queue_checks import DEFAULTS, Stream, results_by_id
+from .services import PandaStack, Postgres, Redis
 from .ui_checks import prefect_credentials_block, prefect_report_artifact
 
 pytestmark = pytest.mark.timeout(600)
@@ -149,6 +150,53 @@ def test_cancelled_flow_run_leaves_no_sandbox(prefect: PrefectStack, pandastack:
         interval=0.5,
         check=lambda sbs: sbs == [],
     )
+
+
+def test_queue_deployment_acks_after_task_runs_and_redelivers_a_failed_one(
+    prefect: PrefectStack, pandastack: PandaStack, redis: Redis
+) -> None:
+    """flows/queue_worker.py's consume_queue as a deployment run by a process worker, on a real
+    Redis stream: each message a task run; ``flaky``'s first task run fails, its message is
+    released and redelivered, and the second task run completes and is acked; ``poison`` is
+    dead-lettered."""
+    stream = Stream.fresh(redis, "e2e-prefect")
+    stream.send_scenario()
+    params = {
+        "broker": stream.url,
+        "concurrency": 3,
+        "max_messages": 20,
+        "idle_seconds": 3,
+        "lease_seconds": 10,
+        "max_deliveries": 3,
+        "release_delay": 0.5,
+        "defaults": DEFAULTS,
+    }
+    fr_id = prefect.run_deployment("pandastack-queue-consumer", "queue-worker", params)
+    fr = prefect.wait_flow_run(fr_id, timeout=240)
+    assert fr["state_type"] == "COMPLETED", fr["state"]
+    summary = prefect.result(fr_id)
+    assert (summary["received"], summary["acked"], summary["redelivered"], summary["dead_lettered"]) == (
+        4,
+        2,
+        1,
+        1,
+    ), summary
+    runs = sorted((t["name"], t["state_type"]) for t in prefect.task_runs(fr_id))
+    assert runs == [
+        ("message flaky #1", "FAILED"),
+        ("message flaky #2", "COMPLETED"),
+        ("message good #1", "COMPLETED"),
+        ("message poison #1", "FAILED"),
+    ], runs
+    # Each message's result delivered once; the poison message dead-lettered with its reason.
+    assert results_by_id(stream) == {
+        "good": [{"id": "good", "delivery": 1}],
+        "flaky": [{"id": "flaky", "delivery": 2}],
+    }
+    (dead,) = stream.dead()
+    assert dead["id"] == "poison" and dead["why"]["kind"] == "permanent_exit_code", dead
+    assert stream.depth() == {"stream": 0, "pending": 0, "delayed": 0}
+    assert pandastack.engine_sandboxes("queue") == []
 
 
 def test_no_prefect_sandbox_left(prefect: PrefectStack, pandastack: PandaStack) -> None:
