@@ -93,7 +93,8 @@ def zygote_floor(rounds: int) -> dict[str, Any]:
             samples.append(time.perf_counter() - started)
             os.close(read_end)
             os.waitpid(pid, 0)
-            assert report == {"pid": 1, "ok": True}, report
+            if report != {"pid": 1, "ok": True}:  # (a host without user namespaces, say)
+                return {"failed": f"the copy did not run in fresh namespaces: {report or 'no report'}"}
         finally:
             with contextlib.suppress(OSError):
                 cgroup.rmdir()
