@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.server import GVISOR
 
@@ -84,4 +85,38 @@ def test_require_memory_refuses_a_disk_only_fork_before_any_child_is_made(
         assert ok.status_code == 201, ok.text
         local_http.delete(f"/v1/sandboxes/{ok.json()['children'][0]}")
     finally:
+        parent.kill()
+
+
+def test_a_code_contexts_state_is_in_each_child_exactly_when_memory_was_copied(
+    local_http: httpx.Client, ps_client: Any
+) -> None:
+    """A context holding a 50 MB object and a counter: under gVisor each child's copy of it counts
+    on its own from the parent's value; under bwrap no child has it, as memory_copied says."""
+    import pandastack
+    from pandastack.sandbox import CodeContext
+
+    parent = ps_client.sandboxes.create()
+    children: list[Any] = []
+    try:
+        ctx = parent.create_code_context()
+        assert (
+            ctx.run_code("model = bytearray(50 << 20); counter = 41\nprint(len(model))").stdout
+            == "52428800\n"
+        )
+        children = parent.fork_tree(2)
+        step = "counter += 1\nprint(len(model), counter)"
+        for child in children:
+            assert local_http.get(f"/v1/sandboxes/{child.id}").json()["memory_copied"] is GVISOR
+            copy = CodeContext(child, ctx.id)
+            if GVISOR:
+                assert copy.run_code(step).stdout == "52428800 42\n"
+                assert copy.run_code(step).stdout == "52428800 43\n"  # its own copy counts on
+            else:
+                with pytest.raises(pandastack.NotFoundError, match="not found in sandbox"):
+                    copy.run_code(step)
+        assert ctx.run_code(step).stdout == "52428800 42\n", "a child's work reached the parent's context"
+    finally:
+        for child in children:
+            child.kill()
         parent.kill()
