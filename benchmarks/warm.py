@@ -7,10 +7,16 @@ as with the real platform's cold fork), so the warm state must live on disk;
 the seed's same-host fork also copies memory copy-on-write. Create-per-job runs
 warm-up + job in a fresh sandbox each time; the pool pays the warm-up once
 (reported separately) and runs each job in a fork with ``WarmPool.run``.
+
+Then the memory-fork spike's figures (``benchmarks.fork_spike``, issue 27): a fork of a parent
+whose live process holds 100 MB (and whether the child got that process), the server-side
+zygote's floor, and whether the host's criu can start.
 """
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from typing import Any
 
 from benchmarks.common import (
@@ -42,6 +48,7 @@ EXPECTED = {"score": sum(r * r for r in JOB_INPUT["rows"])}
 
 def main() -> None:
     args = int_options(rounds=6)
+    from benchmarks import fork_spike
     from pandastack_jobs import JobSpec, WarmPool, run_job
     from pandastack_local import LocalServer
 
@@ -53,6 +60,7 @@ def main() -> None:
     def check(outcome: Any) -> None:
         assert outcome.ok and outcome.result == EXPECTED, outcome.reason
 
+    zygote = fork_spike.zygote_floor(max(args.rounds, 3) * 3)  # before any thread starts
     with LocalServer() as server:
         client = server.client()
         pool = WarmPool(client, warmup=warmup)
@@ -66,6 +74,9 @@ def main() -> None:
             samples = interleaved(variants, args.rounds, 1, warmup=1)
         finally:
             pool.close()
+        memory_fork = fork_spike.memory_fork(
+            client, lambda path: _get(server, path), max(args.rounds // 2, 2)
+        )
         assert client.sandboxes.list() == [], "a variant leaked a sandbox"
     create, fork = summary(samples["create_per_job"]), summary(samples["fork_per_job"])
     n = len(samples["fork_per_job"])
@@ -81,8 +92,19 @@ def main() -> None:
         "fork_amortised_mean_ms": round(amortised_ms, 2),
         "ratio_amortised_mean": ratio(amortised_ms, create["mean_ms"]),
         "target_ratio": 0.25,
+        "memory_fork": {"isolation": server.isolation, **memory_fork},
+        "zygote_floor": zygote,
+        "criu": fork_spike.criu(),
     }
+    log(f"warm: memory fork {json.dumps(data['memory_fork'])}; zygote {json.dumps(zygote)}")
+    log(f"warm: criu {json.dumps(data['criu'])}")
     log(f"warm written to {write_json('warm', data)}")
+
+
+def _get(server: Any, path: str) -> Any:
+    request = urllib.request.Request(server.url + path, headers={"Authorization": f"Bearer {server.api_key}"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 if __name__ == "__main__":

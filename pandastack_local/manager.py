@@ -29,7 +29,7 @@ from pandastack_local.config import ServerConfig
 from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.guest.agent import HEARTBEAT_SECONDS
 from pandastack_local.isolation import guest_dir
-from pandastack_local.isolation.backend import MemoryForker, make_backend
+from pandastack_local.isolation.backend import MEMORY_FORK_FIX, MemoryForker, make_backend
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_rules
 from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants
@@ -91,6 +91,8 @@ class Sandbox:
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     # The boundary around it: "bwrap" or "gvisor" (isolation/backend.py).
     isolation: str = "bwrap"
+    # A fork child: whether the parent's memory and processes came with its disk (None: no fork).
+    memory_copied: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         if self.status in ("running", "paused") and not self.process.alive():
@@ -109,6 +111,7 @@ class Sandbox:
             "from_snapshot": None,
             "persistent": self.persistent,
             "isolation": self.isolation,
+            "memory_copied": self.memory_copied,
         }
 
     def log(self, line: str) -> None:
@@ -502,13 +505,19 @@ class SandboxManager:
         sb.log("paused" if paused else "resumed")
 
     # ---- fork -----------------------------------------------------------------
-    async def fork(self, parent: Sandbox, count: int) -> list[Sandbox]:
+    async def fork(self, parent: Sandbox, count: int, require_memory: bool = False) -> list[Sandbox]:
         """Cold fork (bwrap): new sandboxes from the same template with a copy of the parent's
-        disk. Under gVisor a memory fork: see ``_memory_fork``."""
+        disk, each marked ``memory_copied: False`` (the backend's ``no_memory_fork`` in its log);
+        ``require_memory`` refuses it (409) before any child is made. Under gVisor a memory fork:
+        see ``_memory_fork``."""
         if count < 1 or count > MAX_FORK_COUNT:
             raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}: got {count}")
-        self._admit(parent.template, count, copy_of=parent.id)
         forker = self.backend.memory_forker()
+        if forker is None and require_memory:
+            raise ApiError(
+                409, f"fork refused: require_memory: {self.backend.no_memory_fork}; {MEMORY_FORK_FIX}"
+            )
+        self._admit(parent.template, count, copy_of=parent.id)
         if forker is not None:
             return await self._memory_fork(forker, parent, count)
         parent_watch = self.watch(parent)
@@ -520,6 +529,7 @@ class SandboxManager:
                     parent.template, {"forked_from": parent.id}, ttl_seconds=parent.ttl_seconds
                 )
                 child.boot_mode = "fork"
+                child.memory_copied = False
                 children.append(child)
                 await agent_client.copy_disk(
                     parent.process.socket_path,
@@ -528,7 +538,8 @@ class SandboxManager:
                     parent_watch,
                     self.watch(child),
                 )
-                child.log(f"forked from {parent.id} (disk copied)")
+                why = self.backend.no_memory_fork
+                child.log(f"forked from {parent.id} (disk copied; memory NOT copied: {why})")
         except (agent_client.AgentUnavailable, agent_client.AgentError) as exc:
             for child in children:
                 with contextlib.suppress(ApiError):
@@ -586,6 +597,7 @@ class SandboxManager:
                         boot_ms=int((time.monotonic() - started) * 1000),
                         boot_mode="fork",
                         isolation=backend.name,
+                        memory_copied=True,
                     )
                     child.log(f"forked from {parent.id} (memory copied: checkpoint + restore)")
                     self.sandboxes[name] = child

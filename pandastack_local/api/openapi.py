@@ -46,6 +46,7 @@ SANDBOX = obj(
     from_snapshot={"type": ["string", "null"]},
     persistent=BOOL,
     isolation=STR,
+    memory_copied={"type": ["boolean", "null"]},
 )
 SCHEMAS: dict[str, Any] = {
     "Error": obj(["error"], error=STR, detail=STR),
@@ -95,7 +96,14 @@ BODIES: dict[str, dict[str, Any]] = {
             "persistent": BOOL,
         },
     },
-    "fork": {"type": "object", "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 16}}},
+    "fork": {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "minimum": 1, "maximum": 16},
+            # true: refuse (409) a fork that would copy the disk only (bwrap) instead of making it.
+            "require_memory": BOOL,
+        },
+    },
     "context": {"type": "object", "properties": {"language": {"enum": ["python", "py", "python3"]}}},
     "run": {
         "type": "object",
@@ -331,7 +339,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR}), AUTH, SANDBOX_404
     ),
     ("post", f"{SB}/fork"): op(
-        "fork (bwrap: a cold fork, the disk copied; gVisor: memory too)",
+        "fork (bwrap: a cold fork, the disk copied, memory_copied false and why; gVisor: memory too)",
         (
             201,
             "the children's ids",
@@ -341,13 +349,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 snapshot_id=STR,
                 children={"type": "array", "items": STR},
                 at=STR,
+                memory_copied=BOOL,
+                why=STR,
             ),
         ),
         AUTH,
         SANDBOX_404,
         BAD_JSON,
         TOO_LARGE,
-        {409: "the parent's disk is over the fork copy cap, or it is busy"},
+        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
         {500: "the parent is not running (P: `parent sandbox not found or not running`), or the fork failed"},
         CAPACITY_503,
         {507: "the memory budget is spent (Retry-After)"},
@@ -364,13 +374,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 parent_id=STR,
                 snapshot_id=STR,
                 children={"type": "array", "items": SANDBOX},
+                memory_copied=BOOL,
+                why=STR,
             ),
         ),
         AUTH,
         SANDBOX_404,
         BAD_JSON,
         TOO_LARGE,
-        {409: "the parent's disk is over the fork copy cap, or it is busy"},
+        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
         {500: "the parent is not running (P), or the fork failed"},
         CAPACITY_503,
         {507: "the memory budget is spent (Retry-After)"},

@@ -25,6 +25,8 @@ Kill = Callable[[SandboxProcess], Awaitable[None]]
 log = logging.getLogger(__name__)
 
 ISOLATIONS = ("bwrap", "gvisor")
+# What a refused ``require_memory`` fork tells the client to do instead.
+MEMORY_FORK_FIX = "fork without require_memory for a disk copy, or run the server with --isolation gvisor"
 DEFAULT_ISOLATION = "bwrap"
 
 
@@ -48,9 +50,12 @@ class IsolationBackend(Protocol):
     name: str
     # --allow-egress can reach its sandboxes (gVisor's have no network at all).
     egress: bool
+    # Why a fork copies no memory here ("" where it does): every cold fork says so on the wire.
+    no_memory_fork: str
 
     def memory_forker(self) -> MemoryForker | None:
-        """Itself where fork() copies memory; None: the manager's cold fork (a disk copy)."""
+        """Itself where fork() copies memory; None: the manager's cold fork (a disk copy), which
+        answers ``memory_copied: false`` with ``no_memory_fork`` and refuses ``require_memory``."""
         ...
 
     def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImages | None:

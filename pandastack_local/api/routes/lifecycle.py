@@ -66,13 +66,21 @@ async def fork_children(
 ) -> list[Sandbox]:
     body = await json_body(request, required=False)
     count = int_field(body, "count", default_count)
+    require_memory = bool_field(body, "require_memory")
     if count is None or not 1 <= count <= MAX_FORK_COUNT:  # 0 is no fork, not the default one
         raise ApiError(400, f"count must be between 1 and {MAX_FORK_COUNT}: got {count}")
     if parent.status != "running" or not parent.process.alive() or parent.ended:
         raise ApiError(500, "parent sandbox not found or not running")
     # Held: a fork waits on the server (children starting, a checkpoint), each step with a deadline.
     with manager.activity(parent, hold=True):
-        return await manager.fork(parent, count)
+        return await manager.fork(parent, count, require_memory)
+
+
+def memory_note(manager: SandboxManager, children: list[Sandbox]) -> dict[str, object]:
+    """Whether the fork copied the parent's memory, and why not when it did not (never silent)."""
+    if all(c.memory_copied for c in children):
+        return {"memory_copied": True}
+    return {"memory_copied": False, "why": manager.backend.no_memory_fork}
 
 
 @router.post("/fork")
@@ -84,6 +92,7 @@ async def fork(request: Request, manager: Manager, parent: SandboxDep) -> JSONRe
             "snapshot_id": f"snap-{uuid.uuid4()}",
             "children": [c.id for c in children],
             "at": rfc3339(time.time()),
+            **memory_note(manager, children),
         },
         status_code=201,
     )
@@ -98,6 +107,7 @@ async def fork_tree(request: Request, manager: Manager, parent: SandboxDep) -> J
             "parent_id": parent.id,
             "snapshot_id": f"snap-{uuid.uuid4()}",
             "children": [c.to_json() for c in children],
+            **memory_note(manager, children),
         },
         status_code=201,
     )

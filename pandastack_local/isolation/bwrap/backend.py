@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pandastack_local.isolation import mountns, seccomp
 from pandastack_local.isolation.backend import Kill, Ready
-from pandastack_local.isolation.bwrap import sandbox
+from pandastack_local.isolation.bwrap import memory_fork, sandbox
 from pandastack_local.isolation.bwrap.socket_guard import SocketGuard
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.idmap import UidPool
@@ -24,8 +24,10 @@ class BwrapBackend:
 
     name = "bwrap"
     egress = True
+    no_memory_fork = memory_fork.WHY_NOT
 
     def memory_forker(self) -> None:
+        """None: see ``memory_fork`` (no design here copies a live process into a fresh sandbox)."""
         return None
 
     def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> None:
@@ -67,6 +69,7 @@ class BwrapBackend:
                 "isolation: host device nodes are NOT read-only for sandboxes (the private mount "
                 "namespace could not be set up): a sandbox can touch their times"
             )
+        log.warning("isolation: %s", self.no_memory_fork)
 
     def _expose(self, templates: list[Template]) -> None:
         """Bind what bwrap (running as the sandbox's uid) must read where that uid can reach it:

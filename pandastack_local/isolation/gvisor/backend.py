@@ -377,6 +377,7 @@ class GvisorBackend:
 
     name = "gvisor"
     egress = False
+    no_memory_fork = ""
 
     def memory_forker(self) -> GvisorBackend:
         return self
