@@ -27,7 +27,6 @@ from airflow_provider.executors.driver import REQUEST_LABEL, PandaStackDriver
 from airflow_provider.executors.models import (
     SandboxExecutionRef,
     SandboxHandle,
-    SandboxLaunchConfig,
     SandboxLaunchRequest,
 )
 from pandastack_jobs import ConnectionConfig
@@ -190,8 +189,10 @@ def _launch_direct(
         request_id=rid,
         command=tuple(argv),
         env={},
-        config=SandboxLaunchConfig(template="code-interpreter", timeout_seconds=60, ttl_seconds=120),
-        labels=labels or {},
+        provider_config={"template": "code-interpreter", "labels": labels or {}},
+        workdir=None,
+        timeout_seconds=60,
+        ttl_seconds=120,
     )
     return asyncio.run(driver.launch(request))
 

@@ -7,10 +7,8 @@ The same paths against real sandboxes are in tests/airflow/test_airflow_executor
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,93 +22,14 @@ from airflow_provider.executors.models import (
     SandboxState,
 )
 from airflow_provider.executors.testing import FakeSandboxDriver
-
-RUNNING = SandboxResult(SandboxState.RUNNING)
-FAILED_3 = SandboxResult(
-    SandboxState.FAILED, exit_code=3, message="the task's sandbox workload ended with exit code 3"
+from tests.unit.airflow.executor_support import (
+    FAILED_3,
+    RUNNING,
+    beat_until,
+    final_event,
+    log_events,
+    workload,
 )
-
-
-@pytest.fixture
-def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", "0.001")
-    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ORPHAN_SWEEP_INTERVAL", "0")
-    monkeypatch.setenv(
-        "AIRFLOW__PANDASTACK_EXECUTOR__EXECUTION_API_SERVER_URL", "http://api.invalid/execution/"
-    )
-    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def driver() -> FakeSandboxDriver:
-    return FakeSandboxDriver()
-
-
-@pytest.fixture
-def executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Any]:
-    from airflow_provider.executors import PandaStackExecutor
-
-    ex = PandaStackExecutor(parallelism=8)
-    ex.make_driver = lambda: driver  # type: ignore[method-assign]
-    ex.start()
-    yield ex
-    ex.shutdown_timeout = 2
-    ex.end()
-
-
-def workload(**ti_fields: Any) -> Any:
-    """An ExecuteTask as the scheduler hands it over, with a pre-assigned try UUID."""
-    from airflow.executors.workloads import BundleInfo, ExecuteTask
-    from airflow.executors.workloads.task import TaskInstanceDTO
-
-    fields: dict[str, Any] = {
-        "id": uuid.uuid4(),
-        "dag_id": "unit",
-        "task_id": "t",
-        "run_id": f"r-{uuid.uuid4().hex[:6]}",
-        "try_number": 1,
-        "dag_version_id": uuid.uuid4(),
-        "pool_slots": 1,
-        "priority_weight": 1,
-        "external_executor_id": str(uuid.uuid4()),
-    }
-    fields.update(ti_fields)
-    ti = TaskInstanceDTO(**fields)
-    log_path = f"dag_id=unit/run_id={ti.run_id}/task_id=t/attempt={ti.try_number}.log"
-    return ExecuteTask(
-        ti=ti,
-        dag_rel_path=Path("unit.py"),
-        bundle_info=BundleInfo(name="dags-folder"),
-        log_path=log_path,
-        token="tok",
-    )
-
-
-def beat_until(executor: Any, done: Callable[[], bool], limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not done():
-        assert time.monotonic() < deadline, f"not reached; buffer={executor.event_buffer}"
-        executor.heartbeat()
-        time.sleep(0.002)
-
-
-def final_event(executor: Any, key: Any) -> tuple[str, Any]:
-    def ended() -> bool:
-        event = executor.event_buffer.get(key)
-        return event is not None and str(event[0]) in ("success", "failed")
-
-    beat_until(executor, ended)
-    state, info = executor.event_buffer[key]
-    return str(state), info
-
-
-def log_events(logs: Path, wl: Any) -> list[str]:
-    return [
-        json.loads(line)["event"]
-        for line in (logs / wl.log_path).read_text().splitlines()
-        if line.startswith("{")
-    ]
 
 
 def test_a_try_runs_is_persisted_polled_and_succeeds_and_its_sandbox_is_deleted(
