@@ -90,3 +90,43 @@ def test_an_unfenced_capacity_refusal_is_requeued_once_the_fence_holds(
     driver.plan(rid, [SandboxResult(SandboxState.SUCCEEDED, 0)])
     assert final_event(executor, key)[0] == "success"
     assert [op for op, r in driver.calls if r == rid].count("launch") == 2
+
+
+def test_a_status_call_that_finds_the_handle_invalid_fences_and_fails_the_try(
+    executor: Any, driver: FakeSandboxDriver
+) -> None:
+    from airflow_provider.executors.models import SandboxInvalidHandleError
+
+    wl = workload()
+    rid = wl.ti.external_executor_id
+    driver.plan(rid, [RUNNING])
+    driver.fail("get_status", SandboxInvalidHandleError("handle of another schema"))
+    executor.queue_workload(wl, session=None)
+    state, info = final_event(executor, wl.ti.key)
+    assert state == "failed" and "another schema" in info
+    assert ("fence", rid) in driver.calls and rid not in driver.live
+
+
+def test_a_handle_too_large_to_persist_is_fenced_before_the_try_fails(
+    executor: Any, driver: FakeSandboxDriver
+) -> None:
+    wl = workload()
+    wl = wl.model_copy(update={"log_path": "x/" * 3000 + "1.log"})  # persisted with the handle
+    rid = wl.ti.external_executor_id
+    executor.queue_workload(wl, session=None)
+    state, info = final_event(executor, wl.ti.key)
+    assert state == "failed" and "too large" in info
+    assert driver.calls[-1] == ("fence", rid) and rid not in driver.live
+
+
+def test_a_driver_with_another_id_is_refused_at_start(logs: Path) -> None:
+    from airflow_provider.executors import PandaStackExecutor
+    from airflow_provider.executors.models import SandboxConfigurationError
+
+    class Other(FakeSandboxDriver):
+        driver_id = "islo"
+
+    ex = PandaStackExecutor(parallelism=1)
+    ex.make_driver = Other  # type: ignore[method-assign,assignment]
+    with pytest.raises(SandboxConfigurationError, match="'islo' does not match"):
+        ex.start()
