@@ -79,10 +79,7 @@ class OrphanSweep:
     """The sweep's own state between heartbeats: one listing in flight, then one collect per orphan."""
 
     def __init__(self, interval: float, driver_id: str, relay: TaskLogRelay, log: Any) -> None:
-        self.interval = interval
-        self.driver_id = driver_id
-        self.relay = relay
-        self.log = log
+        self.interval, self.driver_id, self.relay, self.log = interval, driver_id, relay, log
         self.ended_tries: Callable[[Listing], dict[str, SandboxExecutionRef | None]] = lambda candidates: (
             ended_tries(candidates, self.driver_id)
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,15 +61,27 @@ def driver() -> FakeSandboxDriver:
 
 
 @pytest.fixture
-def executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Any]:
+def make_executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Callable[..., Any]]:
+    """Started executors on ``driver`` (settings from the environment as it is when called)."""
     from airflow_provider.executors import PandaStackExecutor
 
-    ex = PandaStackExecutor(parallelism=8)
-    ex.make_driver = lambda: driver  # type: ignore[method-assign]
-    ex.start()
-    yield ex
-    ex.shutdown_timeout = 2
-    ex.end()
+    made: list[Any] = []
+
+    def make(parallelism: int = 8) -> Any:
+        made.append(PandaStackExecutor(parallelism=parallelism))
+        made[-1].make_driver = lambda: driver
+        made[-1].start()
+        return made[-1]
+
+    yield make
+    for ex in made:
+        ex.shutdown_timeout = 2
+        ex.end()
+
+
+@pytest.fixture
+def executor(make_executor: Callable[..., Any]) -> Any:
+    return make_executor()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -70,3 +70,12 @@ def log_events(logs: Path, wl: Any) -> list[str]:
         for line in (logs / wl.log_path).read_text().splitlines()
         if line.startswith("{")
     ]
+
+
+def running_try(executor: Any, driver: Any, **ti_fields: Any) -> Any:
+    """A queued try whose sandbox runs until told otherwise, once the executor polls it."""
+    wl = workload(**ti_fields)
+    driver.plan(wl.ti.external_executor_id, [RUNNING])
+    executor.queue_workload(wl, session=None)
+    beat_until(executor, lambda: wl.ti.key in executor._active)
+    return wl

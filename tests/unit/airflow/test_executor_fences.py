@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +14,15 @@ import pytest
 
 from airflow_provider.executors.models import SandboxCapacityError, SandboxResult, SandboxState
 from airflow_provider.executors.testing import FakeSandboxDriver
-from tests.unit.airflow.executor_support import RUNNING, beat_until, final_event, workload
+from tests.unit.airflow.executor_support import beat_until, final_event, running_try, workload
 
 POLL = 0.02  # the backoff's base: fences wait 2, 4, 8 x this after 1, 2, 3 failures
 
 
 @pytest.fixture
-def slow_executor(logs: Path, driver: FakeSandboxDriver, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from airflow_provider.executors import PandaStackExecutor
-
+def slow_executor(make_executor: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", str(POLL))
-    ex = PandaStackExecutor(parallelism=4)
-    ex.make_driver = lambda: driver  # type: ignore[method-assign]
-    ex.start()
-    yield ex
-    ex.shutdown_timeout = 2
-    ex.end()
+    return make_executor(parallelism=4)
 
 
 def fence_times(driver: FakeSandboxDriver, rid: str) -> list[float]:
@@ -39,12 +32,8 @@ def fence_times(driver: FakeSandboxDriver, rid: str) -> list[float]:
 def test_a_failing_fence_backs_off_instead_of_retrying_every_heartbeat(
     slow_executor: Any, driver: FakeSandboxDriver
 ) -> None:
-    wl = workload()
+    wl = running_try(slow_executor, driver)
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    slow_executor.queue_workload(wl, session=None)
-    beat_until(slow_executor, lambda: rid in driver.live and wl.ti.key in slow_executor.running)
-    beat_until(slow_executor, lambda: any(op == "get_status" for op, _ in driver.calls))
     driver.fail("fence", RuntimeError("api down"), times=3)
     slow_executor.revoke_task(ti=wl.ti)
     beat_until(slow_executor, lambda: rid not in driver.live, limit=10)  # heartbeats every ~2 ms
@@ -97,10 +86,9 @@ def test_a_status_call_that_finds_the_handle_invalid_fences_and_fails_the_try(
 ) -> None:
     from airflow_provider.executors.models import SandboxInvalidHandleError
 
+    driver.fail("get_status", SandboxInvalidHandleError("handle of another schema"))
     wl = workload()
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    driver.fail("get_status", SandboxInvalidHandleError("handle of another schema"))
     executor.queue_workload(wl, session=None)
     state, info = final_event(executor, wl.ti.key)
     assert state == "failed" and "another schema" in info

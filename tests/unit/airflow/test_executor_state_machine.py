@@ -28,6 +28,7 @@ from tests.unit.airflow.executor_support import (
     beat_until,
     final_event,
     log_events,
+    running_try,
     workload,
 )
 
@@ -170,11 +171,8 @@ def test_a_try_without_a_preassigned_uuid_is_refused_with_the_alias(
 def test_revoking_a_running_try_deletes_its_sandbox_and_reports_nothing(
     executor: Any, driver: FakeSandboxDriver
 ) -> None:
-    wl = workload()
+    wl = running_try(executor, driver)
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    executor.queue_workload(wl, session=None)
-    beat_until(executor, lambda: wl.ti.key in executor._active)
     executor.event_buffer.clear()
     executor.revoke_task(ti=wl.ti)
     beat_until(executor, lambda: rid not in driver.live and not executor._fences)
@@ -182,11 +180,8 @@ def test_revoking_a_running_try_deletes_its_sandbox_and_reports_nothing(
 
 
 def test_a_failing_fence_is_retried_until_it_holds(executor: Any, driver: FakeSandboxDriver) -> None:
-    wl = workload()
+    wl = running_try(executor, driver)
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    executor.queue_workload(wl, session=None)
-    beat_until(executor, lambda: wl.ti.key in executor._active)
     driver.fail("fence", RuntimeError("api down"), times=2)
     executor.revoke_task(ti=wl.ti)
     beat_until(executor, lambda: rid not in driver.live and not executor._fences)
