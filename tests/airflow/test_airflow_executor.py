@@ -357,7 +357,7 @@ def test_launch_request_carries_only_the_workload_and_runtime_env(
     ]
     assert json.loads(request.command[4])["token"] == "task-scoped-token"
     assert request.env["TZ"] == "UTC" and request.env["TENANT"] == "acme"
-    assert request.config.timeout_seconds == 30
+    assert (request.timeout_seconds, request.ttl_seconds) == (30, 30 + 60)  # the core's TTL rule
     runtime = {k for k in request.env if k.startswith("AIRFLOW")}
     allowed = {
         "AIRFLOW_HOME",
