@@ -1,10 +1,11 @@
 """The driver contract, and the PandaStack driver that fulfils it with the core.
 
-The contract is Airflow ``common.sandbox``'s ``SandboxDriver``: ``health_check``,
-``launch``, ``validate_handle``, ``get_status``, ``terminate``, ``fence(request_id)``,
-``recover(request_id)``, ``get_output``, ``close``. Every sandbox carries the task
-try's pre-assigned UUID in its metadata, so ``fence`` can find and delete every
-sandbox of a try even when its handle was never persisted.
+The contract is Airflow ``common.sandbox``'s ``SandboxDriver`` (imported from that provider
+when it is installed, see :mod:`.contract`): ``health_check``, ``launch``, ``validate_handle``,
+``get_status``, ``terminate``, ``fence(request_id)``, ``recover(request_id)``, ``get_output``,
+``close``; PandaStack adds ``read_file`` (the task log) and ``list_requests`` (the orphan
+sweep). Every sandbox carries the task try's pre-assigned UUID in its metadata, so ``fence``
+can find and delete every sandbox of a try even when its handle was never persisted.
 
 The lifecycle pieces are the core's (``pandastack_jobs``): a detached job (create with
 TTL and metadata, launch in the background, poll one exit marker), failure
@@ -18,8 +19,6 @@ import asyncio
 import logging
 import shlex
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pandastack
@@ -42,9 +41,10 @@ from pandastack_jobs import (
     sweep,
 )
 from pandastack_jobs.failures import describe_exit
+from pandastack_jobs.spec import DEFAULT_TEMPLATE
 
+from .contract import SandboxDriver, SandboxDriverFactory
 from .models import (
-    RecoveredSandbox,
     SandboxCapacityError,
     SandboxHandle,
     SandboxInvalidHandleError,
@@ -53,6 +53,8 @@ from .models import (
     SandboxResult,
     SandboxState,
 )
+
+__all__ = ["REQUEST_LABEL", "PandaStackDriver", "SandboxDriver", "SandboxDriverFactory", "SandboxLaunchError"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,56 +76,6 @@ SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
     """The sandbox could not be started; the message says why (already redacted)."""
-
-
-class SandboxDriver(ABC):
-    """Translate the executor's lifecycle operations to one sandbox service.
-
-    ``request_id`` is the deterministic correlation key. ``terminate`` and ``fence``
-    are idempotent and return only once nothing of the handle / request still runs.
-    """
-
-    driver_id: ClassVar[str]
-
-    @abstractmethod
-    async def health_check(self) -> None:
-        """Check the credentials and that the control plane answers."""
-
-    @abstractmethod
-    async def launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
-        """Create a fresh sandbox and start the request's argv in it."""
-
-    @abstractmethod
-    def validate_handle(self, handle: SandboxHandle, *, request_id: str) -> None:
-        """Raise :class:`SandboxInvalidHandleError` when ``handle`` is not usable."""
-
-    @abstractmethod
-    async def get_status(self, handle: SandboxHandle) -> SandboxResult:
-        """One observation of the launched workload."""
-
-    @abstractmethod
-    async def terminate(self, handle: SandboxHandle) -> None:
-        """Stop and delete the sandbox of ``handle`` (idempotent)."""
-
-    @abstractmethod
-    async def fence(self, request_id: str) -> None:
-        """Delete every sandbox correlated with ``request_id`` (idempotent)."""
-
-    async def recover(self, request_id: str) -> RecoveredSandbox | None:
-        """Rebuild a handle after a crash before it was persisted; the safe default fences."""
-        await self.fence(request_id)
-        return None
-
-    async def get_output(self, handle: SandboxHandle) -> SandboxOutput | None:
-        """The end of the workload's output, for diagnostics; None when not available."""
-        return None
-
-    @abstractmethod
-    async def close(self) -> None:
-        """Release clients."""
-
-
-SandboxDriverFactory = Callable[[], SandboxDriver]
 
 
 class PandaStackDriver(SandboxDriver):
@@ -152,7 +104,7 @@ class PandaStackDriver(SandboxDriver):
 
     def spec_for(self, request: SandboxLaunchRequest) -> JobSpec:
         """The core job for one task try: the argv, detached, tagged with the try's UUID."""
-        labels = request.labels
+        labels = request.provider_config.get("labels") or {}
         key = None
         if {"dag_id", "task_id", "run_id"} <= set(labels):
             key = JobKey(
@@ -165,9 +117,9 @@ class PandaStackDriver(SandboxDriver):
             )
         return JobSpec(
             command=shlex.join(request.command),
-            template=request.config.template,
-            timeout=request.config.timeout_seconds,
-            ttl=request.config.ttl_seconds,
+            template=request.provider_config.get("template", DEFAULT_TEMPLATE),
+            timeout=request.timeout_seconds,
+            ttl=request.ttl_seconds,
             env=request.env,
             result_path=None,
             metadata={REQUEST_LABEL: request.request_id},

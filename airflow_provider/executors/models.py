@@ -1,10 +1,19 @@
 """Value objects of the sandbox executor contract: frozen, validated, JSON-safe.
 
-Names and shapes follow Airflow's ``common.sandbox`` provider (``SandboxLaunchRequest``,
-``SandboxHandle``, ``SandboxResult``, ``SandboxExecutionRef`` persisted in
-``external_executor_id``) so the executor can sit on that engine the day it ships.
-Every object checks itself at construction: a bad value fails before any sandbox
-exists, with an error naming the field and the fix.
+What follows Airflow's ``common.sandbox`` provider (its ``models.py``), field for field:
+``SandboxState``, ``SandboxResult``, ``SandboxOutput``, ``SandboxHandle``,
+``SandboxLaunchConfig`` and ``SandboxLaunchRequest`` (``provider_config``, ``env``,
+``workdir``, ``timeout_seconds``, ``ttl_seconds``, ``keep``), ``RecoveredSandbox`` and
+``SandboxExecutionRef`` (the ``sandbox:v1:`` reference in ``external_executor_id``, ``keep``
+included), and ``is_preassigned_executor_id``. The exceptions are the provider's (:mod:`.contract`).
+
+What is this executor's own: ``SandboxResult.terminal``; ``SandboxCapacityError`` (a capacity
+refusal is requeued after ``Retry-After``, the provider has no such case); PandaStack's part of a
+request lives in ``provider_config`` (``template`` and the try's ``labels``, see
+:mod:`.launch`); ``keep`` is always False (a task cannot keep its sandbox here);
+``SandboxExecutionRef`` is capped at 4 KiB (the provider allows 64 KiB; a PandaStack handle is a
+few ids). Every object checks itself at construction: a bad value fails before any sandbox
+exists, with an error naming the field.
 """
 
 from __future__ import annotations
@@ -13,7 +22,6 @@ import base64
 import binascii
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -21,21 +29,25 @@ from typing import Any
 from uuid import UUID
 
 from airflow_provider.exceptions import PandaStackAirflowError
-from pandastack_jobs.spec import TEMPLATE_NAME
 
-# executor_config={"pandastack": {...}}: the keys a task may set.
-EXECUTOR_CONFIG_KEY = "pandastack"
-TASK_OPTIONS = frozenset({"template", "timeout", "ttl", "env"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+from .contract import SandboxConfigurationError, SandboxInvalidHandleError
+
 MAX_REF_LENGTH = 4096  # the handle is a few ids; anything longer is not ours
 
-
-class SandboxConfigurationError(ValueError):
-    """A sandbox option is invalid. The message names the option and the fix."""
-
-
-class SandboxInvalidHandleError(ValueError):
-    """A persisted handle does not describe a sandbox of this request."""
+__all__ = [
+    "RecoveredSandbox",
+    "SandboxCapacityError",
+    "SandboxConfigurationError",
+    "SandboxExecutionRef",
+    "SandboxHandle",
+    "SandboxInvalidHandleError",
+    "SandboxLaunchConfig",
+    "SandboxLaunchRequest",
+    "SandboxOutput",
+    "SandboxResult",
+    "SandboxState",
+    "is_preassigned_executor_id",
+]
 
 
 class SandboxCapacityError(PandaStackAirflowError, RuntimeError):
@@ -62,29 +74,37 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
-def validate_env(env: object, name: str = "env") -> dict[str, str]:
-    """A copy of ``env`` as str→str with valid names; ``AIRFLOW_*`` keys are refused.
+def _json_object(value: object, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise SandboxConfigurationError(f"{name}: must be a string-keyed JSON object")
+    try:
+        copied = json.loads(json.dumps(dict(value), allow_nan=False, sort_keys=True))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SandboxConfigurationError(f"{name}: must hold JSON values only ({exc})") from None
+    return copied  # type: ignore[no-any-return]
 
-    The executor sets the Airflow runtime variables itself (the Execution API URL, the
-    DAG folder): a task must not redirect them.
-    """
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        raise SandboxConfigurationError(f"{name}: must be a mapping of variable names to strings")
-    out: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key) or not isinstance(value, str):
-            raise SandboxConfigurationError(
-                f"{name}[{key!r}]: names must match [A-Za-z_][A-Za-z0-9_]* and values must be strings"
-            )
-        out[key] = value
-    if reserved := sorted(k for k in out if k.upper().startswith("AIRFLOW_")):
+
+def _str_map(value: object, name: str) -> dict[str, str]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise SandboxConfigurationError(f"{name}: must map names to strings")
+    return dict(value)
+
+
+def _check_run(config: Any) -> None:
+    """The fields ``SandboxLaunchConfig`` and ``SandboxLaunchRequest`` share, checked as the provider does."""
+    if config.workdir is not None and (not isinstance(config.workdir, str) or not config.workdir.strip()):
+        raise SandboxConfigurationError("workdir: must be a non-empty string or None")
+    _positive_int(config.timeout_seconds, "timeout_seconds")
+    _positive_int(config.ttl_seconds, "ttl_seconds")
+    if config.ttl_seconds < config.timeout_seconds:
         raise SandboxConfigurationError(
-            f"{name}: reserved Airflow variables cannot be set per task: {', '.join(reserved)}; "
-            "the executor sets the Airflow runtime variables itself, rename yours"
+            f"ttl_seconds: {config.ttl_seconds}s is shorter than the timeout ({config.timeout_seconds}s)"
         )
-    return out
+    if not isinstance(config.keep, bool):
+        raise SandboxConfigurationError("keep: must be a bool")
+    object.__setattr__(config, "provider_config", _json_object(config.provider_config, "provider_config"))
 
 
 class SandboxState(str, Enum):
@@ -113,6 +133,8 @@ class SandboxResult:
             isinstance(self.exit_code, bool) or not isinstance(self.exit_code, int)
         ):
             raise SandboxConfigurationError("exit_code: must be an int or None")
+        if self.message is not None and not isinstance(self.message, str):
+            raise SandboxConfigurationError("message: must be a string or None")
         if self.retry_after is not None and (
             isinstance(self.retry_after, bool)
             or not isinstance(self.retry_after, (int, float))
@@ -123,6 +145,7 @@ class SandboxResult:
 
     @property
     def terminal(self) -> bool:
+        """The workload ended (this executor's shorthand; the provider spells the states out)."""
         return self.state in (SandboxState.SUCCEEDED, SandboxState.FAILED, SandboxState.GONE)
 
 
@@ -134,15 +157,11 @@ class SandboxOutput:
     stderr: str = ""
     truncated: bool = False
 
-
-def _json_object(value: object, name: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise SandboxConfigurationError(f"{name}: must be a string-keyed JSON object")
-    try:
-        copied = json.loads(json.dumps(dict(value), allow_nan=False, sort_keys=True))
-    except (TypeError, ValueError) as exc:
-        raise SandboxConfigurationError(f"{name}: must hold JSON values only ({exc})") from None
-    return copied  # type: ignore[no-any-return]
+    def __post_init__(self) -> None:
+        if not isinstance(self.stdout, str) or not isinstance(self.stderr, str):
+            raise SandboxConfigurationError("stdout, stderr: must be strings")
+        if not isinstance(self.truncated, bool):
+            raise SandboxConfigurationError("truncated: must be a bool")
 
 
 @dataclass(frozen=True)
@@ -155,75 +174,31 @@ class SandboxHandle:
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", _json_object(self.data, "handle"))
         if self.display_name is not None and (
-            not isinstance(self.display_name, str) or not self.display_name
+            not isinstance(self.display_name, str) or not self.display_name.strip()
         ):
             raise SandboxConfigurationError("display_name: must be a non-empty string or None")
 
 
 @dataclass(frozen=True)
 class SandboxLaunchConfig:
-    """What one task try asks for: the executor's defaults overlaid with ``executor_config``."""
+    """What the concrete executor prepared for one task try (``build_launch_config``'s result)."""
 
-    template: str
-    timeout_seconds: int
-    ttl_seconds: int
+    provider_config: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    timeout_seconds: int = 3600
+    ttl_seconds: int = 86400
+    keep: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.template, str) or not TEMPLATE_NAME.match(self.template):
+        env = _str_map(self.env, "env")
+        if reserved := sorted(k for k in env if k.upper().startswith("AIRFLOW_")):
             raise SandboxConfigurationError(
-                f"template: {self.template!r} is not a template name; use 1-64 of A-Z a-z 0-9 . _ -"
+                f"env: reserved Airflow variables cannot be set per task: {', '.join(reserved)}; "
+                "the executor sets the Airflow runtime variables itself, rename yours"
             )
-        _positive_int(self.timeout_seconds, "timeout")
-        _positive_int(self.ttl_seconds, "ttl")
-        if self.ttl_seconds < self.timeout_seconds:
-            raise SandboxConfigurationError(
-                f"ttl: {self.ttl_seconds}s is shorter than the timeout ({self.timeout_seconds}s); "
-                "leave ttl unset or make it at least the timeout"
-            )
-        object.__setattr__(self, "env", validate_env(self.env))
-
-    def overlay(self, executor_config: object) -> SandboxLaunchConfig:
-        """This config with a task's ``executor_config={"pandastack": {...}}`` applied."""
-        options = task_options(executor_config)
-        timeout = options.get("timeout", self.timeout_seconds)
-        if "ttl" in options:
-            ttl = options["ttl"]
-        else:  # keep the configured margin over the timeout
-            ttl = max(self.ttl_seconds, timeout + (self.ttl_seconds - self.timeout_seconds))
-        return SandboxLaunchConfig(
-            template=options.get("template", self.template),
-            timeout_seconds=timeout,
-            ttl_seconds=ttl,
-            env={**self.env, **options.get("env", {})},
-        )
-
-
-def task_options(executor_config: object) -> dict[str, Any]:
-    """Validate ``executor_config["pandastack"]``: template, timeout, ttl, env (nothing else)."""
-    if executor_config is None:
-        return {}
-    if not isinstance(executor_config, Mapping):
-        raise SandboxConfigurationError(
-            "executor_config: must be a dict, e.g. {'pandastack': {'timeout': 600}}"
-        )
-    options = executor_config.get(EXECUTOR_CONFIG_KEY, {})
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):
-        raise SandboxConfigurationError(f"executor_config[{EXECUTOR_CONFIG_KEY!r}]: must be a dict")
-    if unknown := sorted(set(options) - TASK_OPTIONS):
-        raise SandboxConfigurationError(
-            f"executor_config[{EXECUTOR_CONFIG_KEY!r}]: unknown option(s) {', '.join(map(str, unknown))}; "
-            f"use {', '.join(sorted(TASK_OPTIONS))}"
-        )
-    out = dict(options)
-    for name in ("timeout", "ttl"):
-        if name in out:
-            _positive_int(out[name], f"executor_config[{EXECUTOR_CONFIG_KEY!r}][{name!r}]")
-    if "env" in out:
-        out["env"] = validate_env(out["env"], f"executor_config[{EXECUTOR_CONFIG_KEY!r}]['env']")
-    return out
+        object.__setattr__(self, "env", env)
+        _check_run(self)
 
 
 @dataclass(frozen=True)
@@ -233,8 +208,11 @@ class SandboxLaunchRequest:
     request_id: str
     command: tuple[str, ...]
     env: Mapping[str, str]
-    config: SandboxLaunchConfig
-    labels: Mapping[str, str] = field(default_factory=dict)
+    provider_config: Mapping[str, Any]
+    workdir: str | None
+    timeout_seconds: int
+    ttl_seconds: int
+    keep: bool = False
 
     def __post_init__(self) -> None:
         if not is_preassigned_executor_id(self.request_id):
@@ -245,14 +223,8 @@ class SandboxLaunchRequest:
         if not self.command or not all(isinstance(p, str) and p for p in self.command):
             raise SandboxConfigurationError("command: must be a non-empty argv of non-empty strings")
         object.__setattr__(self, "command", tuple(self.command))
-        if not isinstance(self.env, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()
-        ):
-            raise SandboxConfigurationError("env: must map names to strings")
-        object.__setattr__(self, "env", dict(self.env))
-        if not isinstance(self.config, SandboxLaunchConfig):
-            raise SandboxConfigurationError("config: must be a SandboxLaunchConfig")
-        object.__setattr__(self, "labels", {str(k): str(v) for k, v in self.labels.items()})
+        object.__setattr__(self, "env", _str_map(self.env, "env"))
+        _check_run(self)
 
 
 @dataclass(frozen=True)
@@ -260,6 +232,13 @@ class RecoveredSandbox:
     """A handle a driver rebuilt for a request whose handle was never persisted."""
 
     handle: SandboxHandle
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.handle, SandboxHandle):
+            raise SandboxConfigurationError("handle: must be a SandboxHandle")
+        if not isinstance(self.keep, bool):
+            raise SandboxConfigurationError("keep: must be a bool")
 
 
 @dataclass(frozen=True)
@@ -269,6 +248,7 @@ class SandboxExecutionRef:
     driver: str
     request_id: str
     handle: SandboxHandle
+    keep: bool = False
 
     PREFIX = "sandbox:v1:"
 
@@ -279,15 +259,19 @@ class SandboxExecutionRef:
             raise SandboxConfigurationError("request_id: must be a canonical UUID")
         if not isinstance(self.handle, SandboxHandle):
             raise SandboxConfigurationError("handle: must be a SandboxHandle")
+        if not isinstance(self.keep, bool):
+            raise SandboxConfigurationError("keep: must be a bool")
 
     def encode(self) -> str:
         payload = json.dumps(
             {
-                "driver": self.driver,
-                "request_id": self.request_id,
-                "handle": dict(self.handle.data),
                 "display_name": self.handle.display_name,
+                "driver": self.driver,
+                "handle": dict(self.handle.data),
+                "keep": self.keep,
+                "request_id": self.request_id,
             },
+            allow_nan=False,
             separators=(",", ":"),
             sort_keys=True,
         ).encode()
@@ -298,7 +282,10 @@ class SandboxExecutionRef:
 
     @classmethod
     def decode(cls, value: object, *, expected_driver: str | None = None) -> SandboxExecutionRef | None:
-        """The ref in ``value``, or None when it is not one of ours (a bare UUID, another driver, junk)."""
+        """The ref in ``value``, or None when it is not one of ours (a bare UUID, another driver, junk).
+
+        A ref persisted before ``keep`` was written (no ``keep`` key) reads as ``keep=False``.
+        """
         if not isinstance(value, str) or len(value) > MAX_REF_LENGTH or not value.startswith(cls.PREFIX):
             return None
         token = value[len(cls.PREFIX) :]
@@ -311,6 +298,7 @@ class SandboxExecutionRef:
                 driver=payload["driver"],
                 request_id=payload["request_id"],
                 handle=SandboxHandle(payload["handle"], payload.get("display_name")),
+                keep=payload.get("keep", False),
             )
-        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
             return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from . import models
-from .driver import SandboxDriver
+from .contract import SandboxDriver
 from .models import SandboxHandle, SandboxLaunchRequest, SandboxOutput, SandboxResult, SandboxState
 
 OPERATIONS = (
@@ -140,7 +140,7 @@ class FakeSandboxDriver(SandboxDriver):
                 {"request_id": request.request_id}, display_name=f"sb-{request.request_id[:8]}"
             )
             self.live[request.request_id] = handle  # created, even when the start then fails
-            self.labels[request.request_id] = dict(request.labels)
+            self.labels[request.request_id] = dict(request.provider_config.get("labels") or {})
         if plan.launch_error is not None:
             raise plan.launch_error
         return handle

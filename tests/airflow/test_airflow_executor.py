@@ -27,7 +27,6 @@ from airflow_provider.executors.driver import REQUEST_LABEL, PandaStackDriver
 from airflow_provider.executors.models import (
     SandboxExecutionRef,
     SandboxHandle,
-    SandboxLaunchConfig,
     SandboxLaunchRequest,
 )
 from pandastack_jobs import ConnectionConfig
@@ -190,8 +189,10 @@ def _launch_direct(
         request_id=rid,
         command=tuple(argv),
         env={},
-        config=SandboxLaunchConfig(template="code-interpreter", timeout_seconds=60, ttl_seconds=120),
-        labels=labels or {},
+        provider_config={"template": "code-interpreter", "labels": labels or {}},
+        workdir=None,
+        timeout_seconds=60,
+        ttl_seconds=120,
     )
     return asyncio.run(driver.launch(request))
 
@@ -356,7 +357,7 @@ def test_launch_request_carries_only_the_workload_and_runtime_env(
     ]
     assert json.loads(request.command[4])["token"] == "task-scoped-token"
     assert request.env["TZ"] == "UTC" and request.env["TENANT"] == "acme"
-    assert request.config.timeout_seconds == 30
+    assert (request.timeout_seconds, request.ttl_seconds) == (30, 30 + 60)  # the core's TTL rule
     runtime = {k for k in request.env if k.startswith("AIRFLOW")}
     allowed = {
         "AIRFLOW_HOME",

@@ -22,10 +22,8 @@ from airflow_provider.executors.models import (
     SandboxExecutionRef,
     SandboxHandle,
     SandboxInvalidHandleError,
-    SandboxLaunchConfig,
     SandboxLaunchRequest,
     SandboxState,
-    task_options,
 )
 from pandastack_jobs import ConnectionConfig
 
@@ -41,10 +39,13 @@ def _request(argv: list[str], *, timeout: int = 60, env: dict[str, str] | None =
         request_id=rid or str(uuid.uuid4()),
         command=tuple(argv),
         env=env or {},
-        config=SandboxLaunchConfig(
-            template="code-interpreter", timeout_seconds=timeout, ttl_seconds=timeout + 60
-        ),
-        labels={"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"},
+        provider_config={
+            "template": "code-interpreter",
+            "labels": {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"},
+        },
+        workdir=None,
+        timeout_seconds=timeout,
+        ttl_seconds=timeout + 60,
     )
 
 
@@ -152,7 +153,10 @@ def test_unknown_template_is_a_launch_error_naming_it(local_server: Any) -> None
         request_id=str(uuid.uuid4()),
         command=("true",),
         env={},
-        config=SandboxLaunchConfig(template="no-such-template", timeout_seconds=10, ttl_seconds=70),
+        provider_config={"template": "no-such-template"},
+        workdir=None,
+        timeout_seconds=10,
+        ttl_seconds=70,
     )
     with pytest.raises(SandboxLaunchError, match="template"):
         asyncio.run(driver.launch(request))
@@ -199,28 +203,3 @@ def test_execution_ref_round_trip_and_junk() -> None:
 def test_request_needs_the_preassigned_uuid() -> None:
     with pytest.raises(SandboxConfigurationError, match="request_id"):
         _request(["true"], rid="not-a-uuid")
-
-
-@pytest.mark.parametrize(
-    ("options", "match"),
-    [
-        ({"env": {"AIRFLOW__CORE__SQL_ALCHEMY_CONN": "x"}}, "reserved Airflow variables"),
-        ({"env": {"airflow_home": "x"}}, "reserved Airflow variables"),
-        ({"env": {"BAD-NAME": "x"}}, "env"),
-        ({"timeout": 0}, "timeout"),
-        ({"ttl": "long"}, "ttl"),
-        ({"image": "x"}, "unknown option"),
-    ],
-)
-def test_task_options_refused_with_a_clear_error(options: dict[str, Any], match: str) -> None:
-    with pytest.raises(SandboxConfigurationError, match=match):
-        task_options({"pandastack": options})
-
-
-def test_overlay_keeps_the_ttl_margin_and_refuses_short_ttl() -> None:
-    base = SandboxLaunchConfig(template="code-interpreter", timeout_seconds=100, ttl_seconds=400)
-    assert base.overlay({"pandastack": {"timeout": 1000}}).ttl_seconds == 1300
-    assert base.overlay({"pandastack": {"template": "airflow", "env": {"A": "1"}}}).template == "airflow"
-    assert base.overlay(None) == base
-    with pytest.raises(SandboxConfigurationError, match="shorter than the timeout"):
-        base.overlay({"pandastack": {"timeout": 1000, "ttl": 10}})

@@ -7,12 +7,18 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.testing import FAKE_KEY, FAKE_URL, FakeClient
 from pandastack_local.testing.airflow_env import isolate_airflow_home
+
+if TYPE_CHECKING:
+    from airflow_provider.executors.testing import FakeSandboxDriver
 
 assert "airflow" not in sys.modules or os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME"), (
     "airflow was imported before tests/unit/airflow/conftest.py could isolate AIRFLOW_HOME"
@@ -31,6 +37,51 @@ def wired(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     monkeypatch.setattr(PandaStackHook, "config", property(lambda self: ConnectionConfig(FAKE_URL, FAKE_KEY)))
     monkeypatch.setattr(ConnectionConfig, "client", lambda self: fake)
     return fake
+
+
+# -- the executor's unit tests: FakeSandboxDriver behind a real PandaStackExecutor ---------------
+
+
+@pytest.fixture
+def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", "0.001")
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ORPHAN_SWEEP_INTERVAL", "0")
+    monkeypatch.setenv(
+        "AIRFLOW__PANDASTACK_EXECUTOR__EXECUTION_API_SERVER_URL", "http://api.invalid/execution/"
+    )
+    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def driver() -> FakeSandboxDriver:
+    from airflow_provider.executors.testing import FakeSandboxDriver
+
+    return FakeSandboxDriver()
+
+
+@pytest.fixture
+def make_executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Callable[..., Any]]:
+    """Started executors on ``driver`` (settings from the environment as it is when called)."""
+    from airflow_provider.executors import PandaStackExecutor
+
+    made: list[Any] = []
+
+    def make(parallelism: int = 8) -> Any:
+        made.append(PandaStackExecutor(parallelism=parallelism))
+        made[-1].make_driver = lambda: driver
+        made[-1].start()
+        return made[-1]
+
+    yield make
+    for ex in made:
+        ex.shutdown_timeout = 2
+        ex.end()
+
+
+@pytest.fixture
+def executor(make_executor: Callable[..., Any]) -> Any:
+    return make_executor()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 import pandastack
 import pytest
@@ -20,7 +19,6 @@ from airflow_provider.executors.models import (
     SandboxCapacityError,
     SandboxHandle,
     SandboxInvalidHandleError,
-    SandboxLaunchConfig,
     SandboxLaunchRequest,
     SandboxState,
 )
@@ -36,9 +34,20 @@ def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDrive
     return PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
 
 
-def request(argv: tuple[str, ...] = ("python", "-m", "task"), **kwargs: Any) -> SandboxLaunchRequest:
-    config = SandboxLaunchConfig(template="code-interpreter", timeout_seconds=60, ttl_seconds=120)
-    return SandboxLaunchRequest(str(uuid.uuid4()), argv, {"TZ": "UTC"}, config, **kwargs)
+def request(
+    argv: tuple[str, ...] = ("python", "-m", "task"),
+    labels: dict[str, str] | None = None,
+    template: str = "code-interpreter",
+) -> SandboxLaunchRequest:
+    return SandboxLaunchRequest(
+        str(uuid.uuid4()),
+        argv,
+        {"TZ": "UTC"},
+        provider_config={"template": template, "labels": labels or {}},
+        workdir=None,
+        timeout_seconds=60,
+        ttl_seconds=120,
+    )
 
 
 def launch(driver: PandaStackDriver, req: SandboxLaunchRequest) -> SandboxHandle:

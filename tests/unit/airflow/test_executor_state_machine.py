@@ -7,10 +7,8 @@ The same paths against real sandboxes are in tests/airflow/test_airflow_executor
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,93 +22,15 @@ from airflow_provider.executors.models import (
     SandboxState,
 )
 from airflow_provider.executors.testing import FakeSandboxDriver
-
-RUNNING = SandboxResult(SandboxState.RUNNING)
-FAILED_3 = SandboxResult(
-    SandboxState.FAILED, exit_code=3, message="the task's sandbox workload ended with exit code 3"
+from tests.unit.airflow.executor_support import (
+    FAILED_3,
+    RUNNING,
+    beat_until,
+    final_event,
+    log_events,
+    running_try,
+    workload,
 )
-
-
-@pytest.fixture
-def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__POLL_INTERVAL", "0.001")
-    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ORPHAN_SWEEP_INTERVAL", "0")
-    monkeypatch.setenv(
-        "AIRFLOW__PANDASTACK_EXECUTOR__EXECUTION_API_SERVER_URL", "http://api.invalid/execution/"
-    )
-    monkeypatch.setenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", str(tmp_path))
-    return tmp_path
-
-
-@pytest.fixture
-def driver() -> FakeSandboxDriver:
-    return FakeSandboxDriver()
-
-
-@pytest.fixture
-def executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Any]:
-    from airflow_provider.executors import PandaStackExecutor
-
-    ex = PandaStackExecutor(parallelism=8)
-    ex.make_driver = lambda: driver  # type: ignore[method-assign]
-    ex.start()
-    yield ex
-    ex.shutdown_timeout = 2
-    ex.end()
-
-
-def workload(**ti_fields: Any) -> Any:
-    """An ExecuteTask as the scheduler hands it over, with a pre-assigned try UUID."""
-    from airflow.executors.workloads import BundleInfo, ExecuteTask
-    from airflow.executors.workloads.task import TaskInstanceDTO
-
-    fields: dict[str, Any] = {
-        "id": uuid.uuid4(),
-        "dag_id": "unit",
-        "task_id": "t",
-        "run_id": f"r-{uuid.uuid4().hex[:6]}",
-        "try_number": 1,
-        "dag_version_id": uuid.uuid4(),
-        "pool_slots": 1,
-        "priority_weight": 1,
-        "external_executor_id": str(uuid.uuid4()),
-    }
-    fields.update(ti_fields)
-    ti = TaskInstanceDTO(**fields)
-    log_path = f"dag_id=unit/run_id={ti.run_id}/task_id=t/attempt={ti.try_number}.log"
-    return ExecuteTask(
-        ti=ti,
-        dag_rel_path=Path("unit.py"),
-        bundle_info=BundleInfo(name="dags-folder"),
-        log_path=log_path,
-        token="tok",
-    )
-
-
-def beat_until(executor: Any, done: Callable[[], bool], limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not done():
-        assert time.monotonic() < deadline, f"not reached; buffer={executor.event_buffer}"
-        executor.heartbeat()
-        time.sleep(0.002)
-
-
-def final_event(executor: Any, key: Any) -> tuple[str, Any]:
-    def ended() -> bool:
-        event = executor.event_buffer.get(key)
-        return event is not None and str(event[0]) in ("success", "failed")
-
-    beat_until(executor, ended)
-    state, info = executor.event_buffer[key]
-    return str(state), info
-
-
-def log_events(logs: Path, wl: Any) -> list[str]:
-    return [
-        json.loads(line)["event"]
-        for line in (logs / wl.log_path).read_text().splitlines()
-        if line.startswith("{")
-    ]
 
 
 def test_a_try_runs_is_persisted_polled_and_succeeds_and_its_sandbox_is_deleted(
@@ -135,7 +55,8 @@ def test_a_try_runs_is_persisted_polled_and_succeeds_and_its_sandbox_is_deleted(
     assert (logs / wl.log_path).read_bytes() == task_log  # copied out of the sandbox as it was
     request = driver.launched[0]
     assert request.command[1:3] == ("-m", "airflow.sdk.execution_time.execute_workload")
-    assert request.labels["dag_id"] == "unit" and request.labels["try_number"] == "1"
+    labels = request.provider_config["labels"]
+    assert labels["dag_id"] == "unit" and labels["try_number"] == "1"
 
 
 def test_a_failed_try_reports_the_exit_and_the_outputs_last_lines(
@@ -223,9 +144,9 @@ def test_executor_config_overlays_the_defaults(executor: Any, driver: FakeSandbo
     wl = workload(executor_config={"pandastack": {"timeout": 60, "env": {"TZ": "UTC"}, "template": "base"}})
     executor.queue_workload(wl, session=None)
     final_event(executor, wl.ti.key)
-    config = driver.launched[0].config
-    assert (config.template, config.timeout_seconds) == ("base", 60)
-    assert config.ttl_seconds >= 60 + 60  # the backstop outlasts the task's own clock
+    request = driver.launched[0]
+    assert (request.provider_config["template"], request.timeout_seconds) == ("base", 60)
+    assert request.ttl_seconds == 60 + 60  # the core's rule: the timeout plus TTL_MARGIN_SECONDS
     env = driver.launched[0].env
     assert (
         env["TZ"] == "UTC"
@@ -250,26 +171,20 @@ def test_a_try_without_a_preassigned_uuid_is_refused_with_the_alias(
 def test_revoking_a_running_try_deletes_its_sandbox_and_reports_nothing(
     executor: Any, driver: FakeSandboxDriver
 ) -> None:
-    wl = workload()
+    wl = running_try(executor, driver)
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    executor.queue_workload(wl, session=None)
-    beat_until(executor, lambda: wl.ti.key in executor._active)
     executor.event_buffer.clear()
     executor.revoke_task(ti=wl.ti)
-    beat_until(executor, lambda: rid not in driver.live and not executor._fencing)
+    beat_until(executor, lambda: rid not in driver.live and not executor._fences)
     assert wl.ti.key not in executor.running and wl.ti.key not in executor.event_buffer
 
 
 def test_a_failing_fence_is_retried_until_it_holds(executor: Any, driver: FakeSandboxDriver) -> None:
-    wl = workload()
+    wl = running_try(executor, driver)
     rid = wl.ti.external_executor_id
-    driver.plan(rid, [RUNNING])
-    executor.queue_workload(wl, session=None)
-    beat_until(executor, lambda: wl.ti.key in executor._active)
     driver.fail("fence", RuntimeError("api down"), times=2)
     executor.revoke_task(ti=wl.ti)
-    beat_until(executor, lambda: rid not in driver.live and not executor._fencing)
+    beat_until(executor, lambda: rid not in driver.live and not executor._fences)
     assert driver.calls.count(("fence", rid)) == 3
 
 
@@ -333,7 +248,7 @@ def test_an_unhealthy_service_stops_the_start(logs: Path, driver: FakeSandboxDri
 def test_the_orphan_sweep_copies_an_ended_trys_log_and_fences_it_and_leaves_owned_ones(
     logs: Path, driver: FakeSandboxDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The metadata-DB lookup (``_ended_tries``) is the one seam replaced here: the sweep's
+    """The metadata-DB lookup (``orphans.ended_tries``) is the one seam replaced here: the sweep's
     bookkeeping around it (what is owned, what is collected, where the log goes) is real."""
     from airflow_provider.executors import PandaStackExecutor
     from airflow_provider.executors.models import SandboxHandle
@@ -347,20 +262,20 @@ def test_the_orphan_sweep_copies_an_ended_trys_log_and_fences_it_and_leaves_owne
     driver.plan(ended_rid, files={"/work/logs/o/1.log": b"the orphan's log\n"})
     asked: list[set[str]] = []
 
-    def ended_tries(self: Any, candidates: dict[str, dict[str, str]]) -> dict[str, Any]:
+    def ended_tries(candidates: dict[str, dict[str, str]]) -> dict[str, Any]:
         asked.append(set(candidates))
         return {ended_rid: ref} if ended_rid in candidates else {}
 
-    monkeypatch.setattr(PandaStackExecutor, "_ended_tries", ended_tries)
     ex = PandaStackExecutor(parallelism=4)
+    ex.orphans.ended_tries = ended_tries  # type: ignore[method-assign]
     ex.make_driver = lambda: driver  # type: ignore[method-assign]
     ex.start()
     try:
         driver.plan(running.ti.external_executor_id, [RUNNING])
         ex.queue_workload(running, session=None)
         beat_until(ex, lambda: running.ti.key in ex._active)
-        ex._next_sweep = 0.0
-        beat_until(ex, lambda: ended_rid not in driver.live and not ex._collecting)
+        ex.orphans.next_sweep = 0.0
+        beat_until(ex, lambda: ended_rid not in driver.live and not ex.orphans.collecting)
         assert (logs / "o" / "1.log").read_bytes() == b"the orphan's log\n"
         assert all(running.ti.external_executor_id not in c for c in asked)  # owned: never a candidate
         assert running.ti.external_executor_id in driver.live
