@@ -14,7 +14,10 @@ cannot.
 What a job does is scripted per command (:meth:`FakeClient.script`): its exit
 code, output, result and files; it can run in the background (detached jobs),
 block until released, hit its timeout, or lose its stream. Failures are
-injected as the SDK's real exception classes (:meth:`FakeClient.fail`).
+injected as the SDK's real exception classes (:meth:`FakeClient.fail`). A fresh job's
+one exec (:func:`.guest.job_script`) is played as the guest's shell would: its ``printf``
+writes land in the sandbox's files before the job runs, and on exit 0 a regular result file
+comes back on stdout as the trailer (decoded as the server decodes a stream).
 Nothing here opens a socket, starts a process or needs root.
 
     client = FakeClient()
