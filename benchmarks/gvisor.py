@@ -34,6 +34,12 @@ BACKENDS = ("bwrap", "gvisor")
 POOL_REFILL_WAIT_S = 30.0
 
 
+def tree_mib(path: Path) -> float:
+    """Size of the files under ``path`` in MiB (a checkpoint image's memory and state)."""
+    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+    return round(total / 2**20, 1)
+
+
 def cgroup_file(sandbox_id: str, name: str) -> Path | None:
     """A v1 cgroup file of the sandbox (memory.usage_in_bytes, cgroup.procs), if there is one.
     Other servers add and remove cgroups during the walk: a vanished directory is skipped."""
@@ -191,6 +197,7 @@ def runsc_floor(n: int) -> dict[str, Any]:
         }
         (base / "config.json").write_text(json.dumps(config))
         out: dict[str, list[float]] = {"run": [], "checkpoint": [], "restore": []}
+        sizes: list[float] = []
 
         def runsc_cmd(state: str, *args: str) -> float:
             """Seconds one runsc command takes (--detach: it returns once the container runs)."""
@@ -205,13 +212,14 @@ def runsc_floor(n: int) -> dict[str, Any]:
             out["checkpoint"].append(
                 runsc_cmd("s", "checkpoint", "--compression=none", "--image-path", image, f"a{i}")
             )
+            sizes.append(tree_mib(Path(image)))
             runsc_cmd("s", "delete", "--force", f"a{i}")
             out["restore"].append(
                 runsc_cmd("r", "restore", "--detach", "--image-path", image, "--bundle", str(base), f"b{i}")
             )
             runsc_cmd("r", "delete", "--force", f"b{i}")
             shutil.rmtree(image, ignore_errors=True)
-        return {k: summary(v) for k, v in out.items()}
+        return {**{k: summary(v) for k, v in out.items()}, "image_mib": max(sizes, default=0.0)}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -242,6 +250,7 @@ def measure(isolation: str, n: int) -> dict[str, Any]:
             cold.append(time.perf_counter() - started)
             sb.kill()
         out["cold_create"] = summary(cold)
+        out["boot_image_mib"] = tree_mib(server.state_dir / "gvisor-images")
     return out
 
 

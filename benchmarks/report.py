@@ -648,6 +648,12 @@ def gvisor_section(targets: list[list[Any]]) -> str:
             f"vs the removal behind it ({removed} ms)"
         )
         targets.append([label, answer, "< half the removal", verdict(answer, removed / 2)])
+    image_note = ""
+    if v.get("boot_image_mib") and f.get("image_mib"):
+        image_note = (
+            f", and it restores more: the template's boot image is {v['boot_image_mib']} MiB (the agent's"
+            f" interpreter, its memory and files) against the empty container's {f['image_mib']} MiB"
+        )
     steps_table = (
         "Where the JSON job's time goes (p50 of each step of its `JobOutcome.timings`, ms; the steps'\n"
         "medians do not add up to the job's):\n\n" + table(["step", "bwrap", "gVisor"], step_rows) + "\n"
@@ -681,7 +687,7 @@ dir and uids goes on in the background (the "removed" row; `/healthz` `tearing_d
 job's `delete` step is the answer's time, not the removal's (docs/local-server.md).
 
 What bounds each figure: a cold create is one restore of the boot image (the agent is in it, so
-no interpreter starts), so it cannot go below runsc's restore; a fork is a checkpoint and then a
+no interpreter starts), so it cannot go below runsc's restore{image_note}; a fork is a checkpoint and then a
 restore, so not below their sum; a JSON job is a create from the pool, one exec (its interpreter,
 plus the guard's `timeout`, `sh` and `dd` process starts, each a fork and exec inside the
 sentry) and the delete's answer. Debian's runsc (0.0~20240729, the only build in
