@@ -220,10 +220,12 @@ def _unwrap(line: str) -> tuple[str, dict[str, str], float | None]:
     timeout: float | None = None
     if "timeout" in tokens:
         i = tokens.index("timeout")
-        j = i - 1
+        j = i - 1 - (i > 0 and tokens[i - 1] == "exec")  # NAME=value [exec] timeout ...
         while j >= 0 and "=" in tokens[j] and tokens[j].partition("=")[0].isidentifier():
             j -= 1  # the shell's prefix assignments: NAME=value timeout ...
         for assign in tokens[j + 1 : i]:
+            if assign == "exec":
+                continue
             name, _, value = assign.partition("=")
             env[name] = value
         i += 1
