@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import JOB_CODE, JOB_INPUT, log, machine, summary, timed, write_json
+from benchmarks.common import JOB_CODE, JOB_INPUT, interleaved, log, machine, summary, timed, write_json
 from benchmarks.options import int_options
 from benchmarks.overhead import core_job
 
@@ -176,6 +176,35 @@ def interpreter_starts(client: Any, n: int) -> list[float]:
         sb.kill()
 
 
+def guest_costs(client: Any, n: int) -> dict[str, Any]:
+    """What each process start of the JSON job's one exec costs, alternating in one sandbox: the
+    job's interpreter bare, its guard's pieces alone (``timeout``, ``sh -c``, ``dd``), and the
+    folded line around ``true`` and around the job (where a missed JSON-job target goes)."""
+    from pandastack_jobs import guest
+
+    env = guest.job_env("/work/result.json", {})
+    trailer = guest.ResultTrailer("/work/result.json", 1024 * 1024)
+    lines = {
+        "true": "true",
+        "timeout_true": "timeout 60 true",
+        "sh_c_true": "sh -c true",
+        "dd_result": "dd if=/work/result.json bs=65536 count=100 iflag=count_bytes,nonblock status=none",
+        "folded_true": guest.job_script("true", 60, env, {}, trailer),
+        "import_json": "python3 -c 'import json'",
+        "run_py": "cd /work && python3 run.py",
+        "folded_run_py": guest.job_script("python3 run.py", 60, env, {}, trailer),
+    }
+    sb = client.sandboxes.create()
+    try:
+        sb.filesystem.write("/work/run.py", JOB_CODE)
+        sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT))
+        assert sb.exec("cd /work && python3 run.py").exit_code == 0
+        samples = interleaved({k: (lambda line=line: sb.exec(line)) for k, line in lines.items()}, n, 1, 1)
+    finally:
+        sb.kill()
+    return {k: summary(v) for k, v in samples.items()}
+
+
 def runsc_floor(n: int) -> dict[str, Any]:
     """runsc's own costs here with nothing inside (``sleep`` in an empty root, no agent, the
     server's flags): what no gVisor sandbox can start, checkpoint or restore below."""
@@ -238,6 +267,7 @@ def measure(isolation: str, n: int) -> dict[str, Any]:
         out["delete"] = deletes(server, n)
         out["json_job_burst"] = summary([timed(lambda: core_job(client)) for _ in range(n)])
         out["interpreter_start"] = summary(interpreter_starts(client, n))
+        out["guest_costs"] = guest_costs(client, n)
         out["fork"] = summary(forks(client, n))
         out["idle_memory_mib"] = idle_memory_mib(client)
         out["job_cpu_ms"] = job_cpu_ms(client, max(3, n // 2))

@@ -662,6 +662,29 @@ def gvisor_section(targets: list[list[Any]]) -> str:
             f", and it restores more: the template's boot image is {v['boot_image_mib']} MiB (the agent's"
             f" interpreter, its memory and files) against the empty container's {f['image_mib']} MiB"
         )
+    guest_table = ""
+    if "guest_costs" in v and "guest_costs" in b:
+        names = {
+            "true": "`true` (the agent's `sh` and one exec)",
+            "timeout_true": "`timeout 60 true` (the guard's clock: one exec, one fork)",
+            "sh_c_true": "`sh -c true` (the job's shell: one exec)",
+            "dd_result": "`dd` of the result (the trailer's read)",
+            "folded_true": "the folded line around `true`",
+            "import_json": "`python3 -c 'import json'`",
+            "run_py": "`cd /work && python3 run.py` (the job, bare)",
+            "folded_run_py": "the job's folded line (what `run_job` execs)",
+        }
+        grows = [
+            [label, b["guest_costs"][k]["p50_ms"], v["guest_costs"][k]["p50_ms"]]
+            for k, label in names.items()
+            if k in v["guest_costs"]
+        ]
+        guest_table = (
+            "What one exec costs, by what it runs (the same sandbox, alternating, p50 ms, the HTTP round\n"
+            "trip and the agent's `sh` included in each):\n\n"
+            + table(["exec", "bwrap", "gVisor"], grows)
+            + "\n"
+        )
     steps_table = (
         "Where the JSON job's time goes (p50 of each step of its `JobOutcome.timings`, ms; the steps'\n"
         "medians do not add up to the job's):\n\n" + table(["step", "bwrap", "gVisor"], step_rows) + "\n"
@@ -689,6 +712,7 @@ are relative to that floor (issue 27 withdrew issue 15's absolute ones):
 {table(["target", "measured p50 ms", "bound ms", "over (+) / under (-)", "verdict"], floor_rows)}
 
 {steps_table}
+{guest_table}
 **Teardown is off the job's critical path**: DELETE answers once the sandbox is out of the
 registry and every process of it is SIGKILLed through its cgroups; removing its cgroups, host
 dir and uids goes on in the background (the "removed" row; `/healthz` `tearing_down`), so a
