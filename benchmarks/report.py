@@ -662,6 +662,13 @@ def gvisor_section(targets: list[list[Any]]) -> str:
             f", and it restores more: the template's boot image is {v['boot_image_mib']} MiB (the agent's"
             f" interpreter, its memory and files) against the empty container's {f['image_mib']} MiB"
         )
+    first_exec = ""
+    if "guest_costs" in v and "json_job_steps" in v:
+        first_exec = (
+            f", on a freshly restored sandbox: the job's exec step took "
+            f"{v['json_job_steps']['exec']['p50_ms']}"
+            f" ms against {v['guest_costs']['folded_run_py']['p50_ms']} ms for the same line in a used one"
+        )
     guest_table = ""
     if "guest_costs" in v and "guest_costs" in b:
         names = {
@@ -722,7 +729,7 @@ What bounds each figure: a cold create is one restore of the boot image (the age
 no interpreter starts), so it cannot go below runsc's restore{image_note}; a fork is a checkpoint and then a
 restore, so not below their sum; a JSON job is a create from the pool, one exec (its interpreter,
 plus the guard's `timeout`, `sh` and `dd` process starts, each a fork and exec inside the
-sentry) and the delete's answer. Debian's runsc (0.0~20240729, the only build in
+sentry: the table above){first_exec} and the delete's answer. Debian's runsc (0.0~20240729, the only build in
 bookworm-backports and trixie) carries no precompiled seccomp filter, so each start compiles
 one (~27 ms in its debug log), and it starts its ~30 MB Go binary several times (the command,
 the gofer, the sentry, which re-executes itself once more).
