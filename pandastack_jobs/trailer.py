@@ -62,9 +62,15 @@ class TrailerReader:
         self._send(text[: len(text) - hold])
 
     def finish(self) -> None:
-        """The stream ended: what was held back was the job's output after all."""
+        """The stream ended: what was held back was the job's output after all, and so is what
+        came after the closing line (a background process of the job still writing)."""
         pending, self._pending = self._pending, ""
         self._send(pending)
+        if self._body is not None:
+            body = "".join(self._body)
+            at = body.find(self._closing)
+            if at >= 0:
+                self._send(body[at + len(self._closing) :])
 
     def result(self) -> bytes | None:
         """The result's bytes from a whole, clean trailer; None: read the file instead."""

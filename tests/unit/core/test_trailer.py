@@ -38,7 +38,6 @@ def test_no_trailer_leaves_the_output_whole_and_no_result() -> None:
     [
         f"{MARK} f\n123",  # cut before the closing line
         f"{MARK} f\n123{MARK} e1\n",  # dd failed
-        f"{MARK} f\n123{MARK} e0\nlater output",  # a background process wrote after it
         f"{MARK} f\n\ufffd{MARK} e0\n",  # bytes that were not UTF-8, replaced by the server
         f"{MARK} f\n{'1' * 101}{MARK} e0\n",  # past the limit
         f"{MARK} f\n{'1' * 5000}",  # far past it: kept bounded
@@ -68,3 +67,8 @@ def test_held_back_is_only_a_possible_start_of_the_mark() -> None:
     assert held_back("abc\x1e", MARK) == 1
     assert held_back("abc\x1epandastack-", MARK) == len("\x1epandastack-")
     assert held_back("abc\x1exyz", MARK) == 0
+
+
+def test_output_after_the_closing_line_still_reaches_the_log() -> None:
+    out, result = _read(["job\n", f"{MARK} f\n1{MARK} e0\n", "late line\n"])
+    assert out == "job\nlate line\n" and result is None
