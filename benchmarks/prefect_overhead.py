@@ -77,8 +77,9 @@ def main() -> None:
     data = {
         "machine": machine(),
         "n_per_variant": args.rounds * args.batch,
-        **report(samples, "a_raw_sdk"),
-        "ratios_to_task": report(samples, "t_raw_task")["ratios"],
+        "batch": args.batch,
+        **report(samples, "a_raw_sdk", args.batch),
+        "ratios_to_task": report(samples, "t_raw_task", args.batch)["ratios"],
         "samples_ms": {k: [round(v * 1000, 2) for v in vs] for k, vs in samples.items()},
     }
     args.out.write_text(json.dumps(data, indent=2) + "\n")

@@ -73,25 +73,33 @@ def overhead_section(targets: list[list[Any]]) -> str:
         return "## 1. Integration overhead\n\nnot measured\n"
     r = o["ratios"]
     b_a, c_a = r["b_core/a_raw_sdk"]["p50"], r["c_airflow/a_raw_sdk"]["p50"]
+
+    def pr(ratios: dict[str, Any], key: str) -> Any:
+        return ratios.get(key, {}).get("paired", "-")
+
     rows = [
-        ["(a) raw SDK loop", *ms(o["a_raw_sdk"]), "1.00", ""],
-        ["(b) `pandastack_jobs.run_job`", *ms(o["b_core"]), b_a, "≤ 1.05"],
-        ["(c) `PandaStackSandboxOperator.execute`", *ms(o["c_airflow"]), c_a, "≤ 1.25"],
-    ]
+        ["(a) raw SDK loop", *ms(o["a_raw_sdk"]), "1.00", "", ""],
+        ["(b) `pandastack_jobs.run_job`", *ms(o["b_core"]), b_a, pr(r, "b_core/a_raw_sdk"), "≤ 1.05"],
+        ["(c) `PandaStackSandboxOperator.execute`", *ms(o["c_airflow"]), c_a, pr(r, "c_airflow/a_raw_sdk"),
+         "≤ 1.25"],
+    ]  # fmt: skip
     d_a = d_t = None
     to_task = p.get("ratios_to_task", {}) if p else {}
     if p:
         d_a = p["ratios"]["d_prefect/a_raw_sdk"]["p50"]
-        rows.append(["(a) raw SDK loop, Prefect venv", *ms(p["a_raw_sdk"]), "1.00", ""])
+        rows.append(["(a) raw SDK loop, Prefect venv", *ms(p["a_raw_sdk"]), "1.00", "", ""])
         if "t_raw_task" in p:
             t_a = p["ratios"]["t_raw_task/a_raw_sdk"]["p50"]
             d_t = to_task["d_prefect/t_raw_task"]["p50"]
             rows.append(
-                ["(t) a plain `@task` running (a)", *ms(p["t_raw_task"]), f"{t_a} (1.00 for d/t)", ""]
-            )
+                ["(t) a plain `@task` running (a)", *ms(p["t_raw_task"]), f"{t_a} (1.00 for d/t)",
+                 pr(p["ratios"], "t_raw_task/a_raw_sdk"), ""]
+            )  # fmt: skip
         rows.append(
-            ["(d) Prefect `run_in_sandbox` task", *ms(p["d_prefect"]), f"{d_a} (d/t {d_t})", "d/t ≤ 1.05"]
-        )
+            ["(d) Prefect `run_in_sandbox` task", *ms(p["d_prefect"]), f"{d_a} (d/t {d_t})",
+             f"{pr(p['ratios'], 'd_prefect/a_raw_sdk')} (d/t {pr(to_task, 'd_prefect/t_raw_task')})",
+             "d/t ≤ 1.05"]
+        )  # fmt: skip
     p99s = [f"b {r['b_core/a_raw_sdk']['p99']}", f"c {r['c_airflow/a_raw_sdk']['p99']}"]
     if p:
         p99s.append(f"d {p['ratios']['d_prefect/a_raw_sdk']['p99']}")
@@ -129,19 +137,28 @@ The job (seed-shaped): write `input.json` (100 rows) and `run.py`, run `python3 
 each. Ratios are of medians against the (a) (or (t)) measured beside them. Measured under
 {loads}.
 
-{table(["path", "N", "p50 ms", "p99 ms", "mean ms", "ratio p50 / (a)", "target"], rows)}
+{table(["path", "N", "p50 ms", "p99 ms", "mean ms", "ratio p50 / (a)", "paired ratio", "target"], rows)}
+
+"paired ratio" is the median over rounds of one round's ratio (its batch's median over the
+baseline's batch in the same round), each taken under the same moment's load; the targets are
+read on the ratio of medians.
 
 Difference per job at the median: {", ".join(extras)}. p99 / (a): {", ".join(p99s)} (tails on a
 loaded shared machine are dominated by scheduling stalls, not by the code path).
 
 (b) keeps every rail of the raw loop's missing ones: the guest-side timeout, a result taken
 size-checked (at most its cap + 1 bytes ever leave the sandbox), the TTL on create and reaping
-of earlier attempts. It is below (a) because of how it is done, not because a rail went: a
-fresh sandbox's job is **one exec** (`guest.job_script`): the shell's `printf` builtin writes
-the small files and the input, the job runs under `timeout`, and on exit 0 `dd` sends the result
-file back on the exec's own stdout between two marks (`guest.ResultTrailer`,
-`pandastack_jobs/trailer.py`). Three HTTP calls a job (create, exec, delete) against the raw
-loop's six; section 1b has the split.{engine_note}
+of earlier attempts. It costs about what (a) costs, with those rails kept, because of how
+they are done, not because one went: a fresh sandbox's job is **one exec**
+(`guest.job_script`): the shell's `printf` builtin writes the small files and the input,
+the job runs under `timeout`, and on exit 0 `dd` sends the result file back on the exec's
+own stdout between two marks (`guest.ResultTrailer`, `pandastack_jobs/trailer.py`).
+Three HTTP calls a job (create, exec, delete) against the raw loop's six; section 1b has
+the split. Every run of this overhead step on the branch that made the fold (issue 27,
+2026-12-01, N = 60-120 a variant, load 5-33) met b/a ≤ 1.05: 0.833, 0.93, 1.002 and 1.049
+(paired 1.006), the breakdown's core/raw 0.957 at load 1.7, where the core before the fold
+was 1.228; the issue's own figure before it was 1.175 on a quiet machine. At this job's
+~40-60 ms a run-to-run swing of a few % is the machine's, not the code's.{engine_note}
 
 How (c), (t) and (d) were run, honestly:
 - (c) is `PandaStackSandboxOperator(...).execute(context)` called directly in the driver's process.
