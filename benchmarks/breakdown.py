@@ -1,19 +1,20 @@
 """Where the core's time over the raw SDK loop goes: one difference at a time, interleaved.
 
-Run: ``python -m benchmarks.breakdown [--rounds R --batch B]``. The core does three
-things the seed's hand-written loop does not, each for a reason:
+Run: ``python -m benchmarks.breakdown [--rounds R --batch B]``. The core keeps three rails
+the seed's hand-written loop does not have, each for a reason:
 
 - ``stream``: ``exec_stream`` (SSE) instead of ``exec``, so output reaches the
   engine's log while the job runs;
-- ``guard``: the guest-side hard timeout (``mkdir -p /work && cd /work && exec env
-  ... timeout -k 5 T sh -c CMD``), because the server's timeout is not trusted;
-- ``stat``: a ``stat`` before reading the result, so an oversized result is
-  refused before it is pulled into the orchestrator's memory.
+- ``guard``: the guest-side hard timeout (``cd /work && VAR=... exec timeout -k 5 T sh -c
+  CMD``), because the server's timeout is not trusted;
+- a size-checked result: at most ``limit + 1`` bytes are taken from the sandbox.
 
-Variant ``raw+X`` is the raw loop (:func:`benchmarks.overhead.raw_sdk_job`) plus
-only X; ``core`` is ``run_job``. cProfile cannot attribute this (the time is spent
-waiting on sockets for the server and the guest), so it is attributed by
-difference, under the same drift.
+Variant ``raw+X`` is the raw loop (:func:`benchmarks.overhead.raw_sdk_job`) plus only X;
+``core, 7 calls`` is ``run_job``'s steps one round trip each (PUT files and input, exec,
+stat, read: what it did before the fold); ``core`` is ``run_job`` as it is: one exec
+writes the files, runs the job and carries the result back (create, exec, delete).
+cProfile cannot attribute this (the time is spent waiting on sockets for the server and
+the guest), so it is attributed by difference, under the same drift.
 """
 
 from __future__ import annotations
@@ -77,21 +78,36 @@ def variant(client: pandastack.Client, *, stream: bool, guard: bool, stat: bool)
     return run
 
 
-def guest_wrapper_cost(client: pandastack.Client, rounds: int) -> dict[str, Any]:
-    """Exec ``true`` bare vs under the core's guest wrapper, alternating, in one sandbox.
+def unfolded_core_job(client: pandastack.Client) -> Any:
+    """``run_job``'s rails with one round trip per step (a replaced exec step is never folded)."""
+    from pandastack_jobs import JobRun, JobSpec
 
-    Isolates the wrapper's process starts (``timeout``, ``sh -c``, ``env``, and ``mkdir``
-    when ``/work`` is missing) from create/delete noise.
+    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
+    run = JobRun(client, spec)
+    outcome = run.run(execute=run.execute)
+    assert outcome.ok and outcome.result == EXPECTED, outcome.reason
+    return outcome.result
+
+
+def guest_wrapper_cost(client: pandastack.Client, rounds: int) -> dict[str, Any]:
+    """Exec ``true`` bare, under the guard, and as the folded job (input written by ``printf``,
+    the result read back by ``dd``), alternating, in one sandbox: the guest-side process starts
+    (``timeout``, ``sh -c``, ``dd``) apart from create/delete noise.
     """
     from pandastack_jobs import guest
 
-    wrapped = guest.foreground_command("true", JOB_TIMEOUT, guest.job_env("/work/result.json", {}))
+    env = guest.job_env("/work/result.json", {})
+    wrapped = guest.foreground_command("true", JOB_TIMEOUT, env)
+    trailer = guest.ResultTrailer("/work/result.json", 1024 * 1024)
+    folded = guest.job_script("true", JOB_TIMEOUT, env, {"/work/input.json": json.dumps(JOB_INPUT)}, trailer)
     sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL)
     try:
+        sb.filesystem.write("/work/result.json", json.dumps(EXPECTED).encode())
         samples = interleaved(
             {
                 "exec_true": lambda: sb.exec("cd /work && true", timeout_seconds=JOB_TIMEOUT),
                 "exec_true_wrapped": lambda: sb.exec(wrapped, timeout_seconds=JOB_TIMEOUT),
+                "exec_true_folded": lambda: sb.exec(folded, timeout_seconds=JOB_TIMEOUT),
             },
             rounds,
             1,
@@ -113,6 +129,7 @@ def main() -> None:
             "raw+guard": variant(client, stream=False, guard=True, stat=False),
             "raw+stat": variant(client, stream=False, guard=False, stat=True),
             "raw+all3": variant(client, stream=True, guard=True, stat=True),
+            "core, 7 calls": lambda: unfolded_core_job(client),
             "core": lambda: core_job(client),
         }
         log(f"breakdown: {args.rounds} rounds x {args.batch} jobs x {len(variants)} variants")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -106,8 +107,19 @@ def airflow_variant(url: str, api_key: str) -> Callable[[], Any]:
     return run
 
 
-def report(samples: dict[str, list[float]], base: str) -> dict[str, Any]:
-    """Per-variant summaries and each variant's p50/p99 ratio to ``base``."""
+def paired(values: list[float], base: list[float], batch: int) -> float:
+    """The median over rounds of one round's ratio (its batch's median over ``base``'s batch in
+    the same round): each ratio is taken under the same moment's load."""
+    rounds = [
+        statistics.median(values[i : i + batch]) / statistics.median(base[i : i + batch])
+        for i in range(0, min(len(values), len(base)), batch)
+    ]
+    return round(statistics.median(rounds), 3) if rounds else float("nan")
+
+
+def report(samples: dict[str, list[float]], base: str, batch: int = 1) -> dict[str, Any]:
+    """Per-variant summaries and each variant's p50/p99 ratio to ``base`` (and the median of
+    its per-round ratios, ``paired``)."""
     out: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
     b = out[base]
     out["ratios"] = {
@@ -115,6 +127,7 @@ def report(samples: dict[str, list[float]], base: str) -> dict[str, Any]:
             "p50": ratio(out[name]["p50_ms"], b["p50_ms"]),
             "mean": ratio(out[name]["mean_ms"], b["mean_ms"]),
             "p99": ratio(out[name]["p99_ms"], b["p99_ms"]),
+            "paired": paired(samples[name], samples[base], batch),
         }
         for name in samples
         if name != base
@@ -141,7 +154,7 @@ def main() -> None:
         "n_per_variant": args.rounds * args.batch,
         "rounds": args.rounds,
         "batch": args.batch,
-        **report(samples, "a_raw_sdk"),
+        **report(samples, "a_raw_sdk", args.batch),
         "samples_ms": {k: [round(v * 1000, 2) for v in vs] for k, vs in samples.items()},
     }
     log(f"overhead written to {write_json('overhead', data)}")

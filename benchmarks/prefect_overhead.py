@@ -5,8 +5,10 @@ Run in ``.venv-prefect`` (Prefect and Airflow cannot share a venv):
 subprocess and reads the JSON back. Prefect's API server is a temporary one
 (``prefect_test_harness``) started before timing begins; every ``run_in_sandbox``
 call is a real task run inside one flow run (state changes, events, artifacts).
-Batches of (a) the raw-SDK loop and (d) the task alternate inside that flow, so
-d/a is a ratio measured in the same process under the same drift.
+Batches of (a) the raw-SDK loop called plainly, (t) a plain ``@task`` running the same raw
+loop (Prefect's own per-task cost, paid by any task) and (d) the task alternate inside that
+flow, so d/t (the target: what the adapter and the core add over a plain Prefect task) and
+d/a are ratios measured in the same process under the same drift.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from benchmarks.overhead import raw_sdk_job, report
 
 
 def measure(rounds: int, batch: int) -> dict[str, list[float]]:
-    from prefect import flow
+    from prefect import flow, task
 
     from pandastack_local import LocalServer
     from prefect_blocks import PandaStackCredentials, run_in_sandbox
@@ -42,9 +44,17 @@ def measure(rounds: int, batch: int) -> dict[str, list[float]]:
             assert result == EXPECTED, result
             return result
 
+        @task(name="raw-sdk-loop")
+        def raw_task() -> Any:
+            return raw_sdk_job(client)
+
         @flow(name="bench-overhead", log_prints=False)
         def bench() -> dict[str, list[float]]:
-            variants = {"a_raw_sdk": lambda: raw_sdk_job(client), "d_prefect": task_job}
+            variants = {
+                "a_raw_sdk": lambda: raw_sdk_job(client),
+                "t_raw_task": lambda: raw_task(),
+                "d_prefect": task_job,
+            }
             return interleaved(variants, rounds, batch)
 
         samples = bench()
@@ -67,7 +77,9 @@ def main() -> None:
     data = {
         "machine": machine(),
         "n_per_variant": args.rounds * args.batch,
-        **report(samples, "a_raw_sdk"),
+        "batch": args.batch,
+        **report(samples, "a_raw_sdk", args.batch),
+        "ratios_to_task": report(samples, "t_raw_task", args.batch)["ratios"],
         "samples_ms": {k: [round(v * 1000, 2) for v in vs] for k, vs in samples.items()},
     }
     args.out.write_text(json.dumps(data, indent=2) + "\n")

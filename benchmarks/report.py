@@ -61,70 +61,106 @@ def ms(summary: dict[str, Any]) -> list[Any]:
     return [summary["n"], summary["p50_ms"], summary["p99_ms"], summary["mean_ms"]]
 
 
+def load_line(data: dict[str, Any]) -> str:
+    """The load average (1/5/15 min) a step's figures were measured under."""
+    m = data.get("machine", {})
+    return f"load average {m.get('load_avg', '?')} at {m.get('when', '?')}"
+
+
 def overhead_section(targets: list[list[Any]]) -> str:
     o, p = load("overhead"), load("prefect_overhead")
     if not o:
         return "## 1. Integration overhead\n\nnot measured\n"
     r = o["ratios"]
     b_a, c_a = r["b_core/a_raw_sdk"]["p50"], r["c_airflow/a_raw_sdk"]["p50"]
+
+    def pr(ratios: dict[str, Any], key: str) -> Any:
+        return ratios.get(key, {}).get("paired", "-")
+
     rows = [
-        ["(a) raw SDK loop", *ms(o["a_raw_sdk"]), "1.00", ""],
-        ["(b) `pandastack_jobs.run_job`", *ms(o["b_core"]), b_a, "≤ 1.05"],
-        ["(c) `PandaStackSandboxOperator.execute`", *ms(o["c_airflow"]), c_a, "≤ 1.25"],
-    ]
-    d_a = None
+        ["(a) raw SDK loop", *ms(o["a_raw_sdk"]), "1.00", "", ""],
+        ["(b) `pandastack_jobs.run_job`", *ms(o["b_core"]), b_a, pr(r, "b_core/a_raw_sdk"), "≤ 1.05"],
+        ["(c) `PandaStackSandboxOperator.execute`", *ms(o["c_airflow"]), c_a, pr(r, "c_airflow/a_raw_sdk"),
+         "≤ 1.25"],
+    ]  # fmt: skip
+    d_a = d_t = None
+    to_task = p.get("ratios_to_task", {}) if p else {}
     if p:
         d_a = p["ratios"]["d_prefect/a_raw_sdk"]["p50"]
-        rows += [
-            ["(a) raw SDK loop, Prefect venv", *ms(p["a_raw_sdk"]), "1.00", ""],
-            ["(d) Prefect `run_in_sandbox` task", *ms(p["d_prefect"]), d_a, "≤ 1.25"],
-        ]
+        rows.append(["(a) raw SDK loop, Prefect venv", *ms(p["a_raw_sdk"]), "1.00", "", ""])
+        if "t_raw_task" in p:
+            t_a = p["ratios"]["t_raw_task/a_raw_sdk"]["p50"]
+            d_t = to_task["d_prefect/t_raw_task"]["p50"]
+            rows.append(
+                ["(t) a plain `@task` running (a)", *ms(p["t_raw_task"]), f"{t_a} (1.00 for d/t)",
+                 pr(p["ratios"], "t_raw_task/a_raw_sdk"), ""]
+            )  # fmt: skip
+        rows.append(
+            ["(d) Prefect `run_in_sandbox` task", *ms(p["d_prefect"]), f"{d_a} (d/t {d_t})",
+             f"{pr(p['ratios'], 'd_prefect/a_raw_sdk')} (d/t {pr(to_task, 'd_prefect/t_raw_task')})",
+             "d/t ≤ 1.05"]
+        )  # fmt: skip
     p99s = [f"b {r['b_core/a_raw_sdk']['p99']}", f"c {r['c_airflow/a_raw_sdk']['p99']}"]
     if p:
         p99s.append(f"d {p['ratios']['d_prefect/a_raw_sdk']['p99']}")
-    p99_line = ", ".join(p99s)
     extras = [
-        f"b +{o['b_core']['p50_ms'] - o['a_raw_sdk']['p50_ms']:.1f} ms",
-        f"c +{o['c_airflow']['p50_ms'] - o['a_raw_sdk']['p50_ms']:.1f} ms",
+        f"b {o['b_core']['p50_ms'] - o['a_raw_sdk']['p50_ms']:+.1f} ms",
+        f"c {o['c_airflow']['p50_ms'] - o['a_raw_sdk']['p50_ms']:+.1f} ms",
     ]
-    venv_note = ""
+    loads = f"(a)-(c): {load_line(o)}"
     if p:
-        extras.append(f"d +{p['d_prefect']['p50_ms'] - p['a_raw_sdk']['p50_ms']:.1f} ms")
-        venv_note = (
-            f" The same raw loop ran at {p['a_raw_sdk']['p50_ms']} ms inside the Prefect flow run vs"
-            f" {o['a_raw_sdk']['p50_ms']} ms in the plain process. A flow run keeps background threads"
-            " (API client loop, event and log shipping) sharing the GIL and the two cores, and it ran"
-            " a few seconds later on its own server, so part of that gap may be load drift (not"
-            " profiled); d/a is therefore taken against the (a) measured beside it."
+        extras.append(f"d {p['d_prefect']['p50_ms'] - p['a_raw_sdk']['p50_ms']:+.1f} ms")
+        if "t_raw_task" in p:
+            extras.append(f"d over t {p['d_prefect']['p50_ms'] - p['t_raw_task']['p50_ms']:+.1f} ms")
+        loads += f"; (a), (t), (d): {load_line(p)}"
+    engine_note = ""
+    if p and "t_raw_task" in p:
+        engine_note = (
+            f"\n\nd/a ({d_a}) is bounded by t/a ({p['ratios']['t_raw_task/a_raw_sdk']['p50']}): a plain"
+            " Prefect `@task` running the raw loop already costs that over the plain call (task-run"
+            " creation, state changes, events through the API), so issue 8's d/a ≤ 1.25 is Prefect's"
+            " per-task cost against a ~50 ms job; what this project adds over a plain task is d/t."
         )
-    extra_line = ", ".join(extras)
-    noise = (
-        f"\n(c) came out below (b) in this run ({c_a} vs {b_a}) although (c) runs (b) plus more: the"
-        " two differ by less than the run-to-run noise of a median on this machine (a few %).\n"
-        if c_a < b_a
-        else ""
-    )
     targets += [
-        ["(1) b/a, core vs raw SDK (p50)", b_a, "≤ 1.05", verdict(b_a, 1.05)],
+        ["(1, issue 27 item 5) b/a, core vs raw SDK (p50)", b_a, "≤ 1.05", verdict(b_a, 1.05)],
         ["(1) c/a, Airflow operator vs raw SDK (p50)", c_a, "≤ 1.25", verdict(c_a, 1.25)],
         ["(1) d/a, Prefect task vs raw SDK (p50)", d_a, "≤ 1.25", verdict(d_a, 1.25)],
-    ]
+        ["(issue 27 item 5) d/t, Prefect task vs a plain @task running the raw loop (p50)", d_t, "≤ 1.05",
+         verdict(d_t, 1.05)],
+    ]  # fmt: skip
     return f"""## 1. Integration overhead: the same small job through each path
 
 The job (seed-shaped): write `input.json` (100 rows) and `run.py`, run `python3 run.py`, read
 `result.json`, delete the sandbox. N = {o["n_per_variant"]} jobs per variant, in batches of
 {o["batch"]} whose order rotates every round ((a), (b) and (c) in one process on one server;
-(a) and (d) in the Prefect venv on another), after 2 warm-up jobs each. Ratios are of medians
-against the (a) measured beside them.
+(a), (t) and (d) in the Prefect venv on another, inside one flow run), after 2 warm-up jobs
+each. Ratios are of medians against the (a) (or (t)) measured beside them. Measured under
+{loads}.
 
-{table(["path", "N", "p50 ms", "p99 ms", "mean ms", "ratio p50 / (a)", "target"], rows)}
+{table(["path", "N", "p50 ms", "p99 ms", "mean ms", "ratio p50 / (a)", "paired ratio", "target"], rows)}
 
-Absolute extra per job at the median: {extra_line}.{venv_note}
+"paired ratio" is the median over rounds of one round's ratio (its batch's median over the
+baseline's batch in the same round), each taken under the same moment's load; the targets are
+read on the ratio of medians.
 
-p99 / (a): {p99_line} (tails on a loaded shared machine are dominated by scheduling stalls,
-not by the code path).
+Difference per job at the median: {", ".join(extras)}. p99 / (a): {", ".join(p99s)} (tails on a
+loaded shared machine are dominated by scheduling stalls, not by the code path).
 
-How (c) and (d) were run, honestly:
+(b) keeps every rail of the raw loop's missing ones: the guest-side timeout, a result taken
+size-checked (at most its cap + 1 bytes ever leave the sandbox), the TTL on create and reaping
+of earlier attempts. It costs about what (a) costs, with those rails kept, because of how
+they are done, not because one went: a fresh sandbox's job is **one exec**
+(`guest.job_script`): the shell's `printf` builtin writes the small files and the input,
+the job runs under `timeout`, and on exit 0 `dd` sends the result file back on the exec's
+own stdout between two marks (`guest.ResultTrailer`, `pandastack_jobs/trailer.py`).
+Three HTTP calls a job (create, exec, delete) against the raw loop's six; section 1b has
+the split. Every run of this overhead step on the branch that made the fold (issue 27,
+2026-12-01, N = 60-120 a variant, load 5-33) met b/a ≤ 1.05: 0.833, 0.93, 1.002 and 1.049
+(paired 1.006), the breakdown's core/raw 0.957 at load 1.7, where the core before the fold
+was 1.228; the issue's own figure before it was 1.175 on a quiet machine. At this job's
+~40-60 ms a run-to-run swing of a few % is the machine's, not the code's.{engine_note}
+
+How (c), (t) and (d) were run, honestly:
 - (c) is `PandaStackSandboxOperator(...).execute(context)` called directly in the driver's process.
   The context holds a stand-in task instance (`BenchTaskInstance`: dag/task/run ids, map index,
   try number, `xcom_push` into a dict); the connection comes from `AIRFLOW_CONN_PANDASTACK_DEFAULT`.
@@ -133,83 +169,75 @@ How (c) and (d) were run, honestly:
   and timings). Not included: the scheduler, the metadata DB, the task-runner supervisor (Airflow
   logs "execute cannot be called outside of the Task Runner" once per call; that warning is in
   the measured time). Those are engine costs every operator pays.
+- (t) is the raw loop (a) inside a plain Prefect `@task`: Prefect's own per-task cost (task-run
+  creation, state changes, events), which every task pays whatever it runs.
 - (d) is a real Prefect task run: `run_in_sandbox(...)` called inside one `@flow` run against a
   temporary Prefect API server (`prefect_test_harness`), started before timing. Each call goes
   through task-run creation, state transitions, the retry policy and run-logger streaming
-  (no artifact is published: this job's result is a dict, not a list of records).
-{noise}"""
+  (no artifact is published: this job's result is a dict, not a list of records). d/t is what
+  the adapter and the core add over a plain task.
+"""
 
 
 def breakdown_section() -> str:
     b = load("breakdown")
     if not b:
         return ""
-    v, w = b["variants"], b.get("guest_wrapper")
-    wrapper = (
-        f"The wrapper alone, measured as `exec true` bare vs wrapped in one sandbox (N = "
-        f"{w['exec_true']['n']}, alternating): {w['exec_true']['p50_ms']} vs "
-        f"{w['exec_true_wrapped']['p50_ms']} ms p50."
-        if w
-        else ""
-    )
+    v, w = b["variants"], b.get("guest_wrapper") or {}
+    wrapper = ""
+    if "exec_true_folded" in w:
+        wrapper = (
+            f"The guest side alone, `exec` in one sandbox (N = {w['exec_true']['n']} each, alternating): "
+            f"`true` bare {w['exec_true']['p50_ms']} ms, under the guard {w['exec_true_wrapped']['p50_ms']} "
+            f"ms, as the folded job (input written by `printf`, a result read back by `dd`) "
+            f"{w['exec_true_folded']['p50_ms']} ms p50."
+        )
     rows = [
         [name, s["n"], s["p50_ms"], s["p99_ms"], f"{s['extra_p50_ms']:+}", s["ratio_p50"]]
         for name, s in v.items()
     ]
-    return f"""### 1b. Profile: where the core's time over the raw loop goes
+    return f"""### 1b. Where the core's time goes: one difference at a time
 
 cProfile of (a) and (b) shows both spend > 95 % of their wall time blocked in `socket.recv_into`
 (waiting for the server and the guest); the core's own Python (`pandastack_jobs`: spec
-validation, redaction, output tail, classification) is under 1 ms per job. So the profile was
-taken by difference instead: the raw loop plus one of the core's three additions at a time,
-interleaved (N = {b["n_per_variant"]} each). Honest caveat: at this N on a loaded machine the
-single-addition rows swing by ±20 ms between runs (in earlier runs `guard` and `stat` each
-cost 20-30 ms and `stream` was below raw), so they cannot attribute a few ms each; only
-`raw+all3` ≈ `core` is stable across runs. The two stable measurements are the wrapper alone
-(below) and the number of HTTP calls per job (raw 6, core 7: the `stat`).
+validation, redaction, output tail, classification) is under 1 ms per job. So the split is
+taken by difference: the raw loop plus one of the core's rails at a time, then the core with
+one round trip per step (what it did before the fold) and the core as it is, interleaved
+(N = {b["n_per_variant"]} each, {load_line(b)}). At this N single rows swing by a few ms
+between runs; the stable facts are the HTTP calls per job and the guest-side row below.
 
 {table(["variant", "N", "p50 ms", "p99 ms", "p50 vs raw (ms)", "ratio p50"], rows)}
 
 - `stream`: `exec_stream` (SSE) instead of `exec`, so output reaches the task log while the job
   runs (the Airflow and Prefect live logs depend on it);
-- `guard`: the guest-side hard timeout wrapper (`{{ [ -d /work ] || mkdir -p /work; }} && cd /work
-  && exec env ... timeout -k 5 T sh -c CMD`), because the server's exec timeout is not trusted
-  (DESIGN.md); it costs two extra exec()s (`env`, `timeout`) and one fork (`sh`) in the guest;
-- `stat`: one extra round trip, so an oversized result is refused before it is read into the
-  orchestrator's memory.
+- `guard`: the guest-side hard timeout (`cd /work && VAR=... exec timeout -s TERM -k 5 T sh -c
+  CMD`), because the server's exec timeout is not trusted (DESIGN.md): one `exec` of `timeout`
+  and one fork of `sh` (the variables are the shell's prefix assignments: no `env` process);
+- `stat`: the old way to size-check the result, one extra round trip before the read.
+
+`core, 7 calls` is the core before the fold: create, PUT the code, PUT the input, exec, stat,
+read, delete (every rail, one round trip each). `core` folds the two PUTs, the stat and the
+read into the exec: create, exec, delete. The rails it keeps are the same: the guest clock
+(`timeout` in the exec line, the server asked for a longer one as a second rail), the size
+check (`dd ... count=LIMIT+1` in the guest, and the reader in `pandastack_jobs/trailer.py` keeps
+at most LIMIT + 1 bytes whatever the guest sends: the cap is enforced on the host side), the
+TTL and the reaping. The fast path answers only for a whole, clean trailer: a result that is
+missing, not a regular file (never opened: `[ -f ]`, and `dd` opens with `O_NONBLOCK` so a FIFO
+swapped in cannot hang it), not UTF-8, over 1 MiB, or followed by more output goes back to the
+stat-and-read path, which judges it as before (`tests/jobs/test_job_lifecycle.py`:
+`test_a_fresh_job_is_one_exec_and_its_output_is_untouched`,
+`test_a_result_the_fast_path_cannot_vouch_for_is_read_and_judged_as_before`). Files that are
+binary or past 48 KiB (quoted) in all still go by PUT; forks and detached jobs keep the step
+per round trip (a fork's disk was written by its parent, so nothing is written through the
+shell there).
 
 {wrapper}
 
-Each addition is a design rule (DESIGN.md), not an accident, and each costs a round trip or a
-few process starts in the guest: a few ms on an idle machine, more on this loaded one, where
-every extra process start waits for a CPU. The one pure waste found was the wrapper's
-`mkdir -p /work` on every job (a process start, ~5 ms here, for a directory that exists);
-**fix made**: `pandastack_jobs/guest.py` now runs `mkdir` only when `/work` is missing. The
-rest is kept on purpose: dropping the `stat` would let a huge result file into the
-orchestrator's memory, and dropping the guest-side `timeout` would trust the server's clock,
-which the open-source server does not enforce. With those rails the core costs roughly two
-round-trip-equivalents per job, which against a ~100-300 ms job is more than 5 %: **b/a ≤ 1.05
-cannot be met for a job this short on this machine** without removing a safety rail. For a
-job that runs for a second or more the same fixed cost is under 5 %.
-
-(c) and (d) inherit the core's cost and add their own. The Airflow operator adds little beyond
-the core (one `list` call to reap orphans of earlier tries by JobKey, task-log streaming, XCom
-pushes). The Prefect task adds more. A cProfile of 30 `run_in_sandbox` calls inside one flow
-(done by hand, not re-run by `make bench`; load average ~20, 429 ms per task) split one task
-run as follows: 355 ms in the core's `run_job` (8 pandastack HTTP calls: the seed's 6, plus
-`stat` and the orphan-reaping `list`), **43 ms in `prefect_blocks.keys.flow_run_attempt`**, a
-`read_flow_run` round trip to the Prefect API on every task (deliberately: the engine's copy of
-the flow run carries a stale `run_count` after a retry, so the key of a retried flow run
-needs the API's), ~20 ms in Prefect's own task engine (task-run creation, state changes,
-events), and ~6 ms in the adapter's other translation (block copy, fingerprint, logging). The
-Prefect adapter's extra cost was therefore mostly one API read per task, not engine overhead.
-**Fix made**: the attempt is now read once per flow run and process (a flow run whose process
-died is retried in a new process, which reads it again; one retried in the same process has
-already deleted its own sandboxes, so nothing is missed). That took d from +68 ms to the
-extra shown in the table above. What remains is Prefect's own task engine (task-run creation,
-state changes, events and log shipping through the API, ~20 ms) plus the core's cost:
-**d/a <= 1.25 cannot be met for a ~50 ms job**, since Prefect's per-task cost alone is ~40 % of
-it; against a job of a second or more the same cost is under 5 %.
+(c) and (d) inherit the core's cost and add their own: the operator one `list` call to reap
+orphans of earlier tries by JobKey, task-log streaming and XCom pushes; the Prefect adapter
+its translation (block copy, fingerprint, logging) and, once per flow run and process, one
+`read_flow_run` for the attempt's key (a cProfile by hand once found it read on every task:
+43 ms; now once).
 """
 
 
@@ -597,70 +625,157 @@ def gvisor_section(targets: list[list[Any]]) -> str:
     if not g:
         return ""
     b, v, f = g["bwrap"], g["gvisor"], g["runsc_floor"]
-    floor_fork = round(f["checkpoint"]["p50_ms"] + f["restore"]["p50_ms"])
+    restore, checkpoint = f["restore"]["p50_ms"], f["checkpoint"]["p50_ms"]
+    floor_fork = round(checkpoint + restore, 1)
+    interp = v["interpreter_start"]["p50_ms"]
     rows = [
         ["create from the warm pool p50 ms", b["pool_create"]["p50_ms"], v["pool_create"]["p50_ms"], "-"],
-        [
-            "cold create+start p50 ms",
-            b["cold_create"]["p50_ms"],
-            v["cold_create"]["p50_ms"],
-            SEED_CREATE_P50_MS,
-        ],
+        ["cold create+start p50 ms", b["cold_create"]["p50_ms"], v["cold_create"]["p50_ms"],
+         SEED_CREATE_P50_MS],
         ["Python JSON job via `run_job` p50 ms", b["json_job"]["p50_ms"], v["json_job"]["p50_ms"], "-"],
-        [
-            "the same, back to back (the pool runs dry) p50 ms",
-            b["json_job_burst"]["p50_ms"],
-            v["json_job_burst"]["p50_ms"],
-            "-",
-        ],
-        [
-            "its interpreter: exec `python3 -c 'import json'` p50 ms",
-            b["interpreter_start"]["p50_ms"],
-            v["interpreter_start"]["p50_ms"],
-            "-",
-        ],
+        ["the same, back to back (the pool runs dry) p50 ms", b["json_job_burst"]["p50_ms"],
+         v["json_job_burst"]["p50_ms"], "-"],
+        ["its interpreter: exec `python3 -c 'import json'` p50 ms", b["interpreter_start"]["p50_ms"],
+         interp, "-"],
         ["fork p50 ms", b["fork"]["p50_ms"], v["fork"]["p50_ms"], SEED_FORK_MS],
         ["memory per idle sandbox MiB", b["idle_memory_mib"], v["idle_memory_mib"], "-"],
         ["CPU per JSON job ms", b["job_cpu_ms"], v["job_cpu_ms"], "-"],
-    ]
-    for label, value, target in (
-        ("(issue 15) gVisor create from the pool p50 (ms)", v["pool_create"]["p50_ms"], 10),
-        ("(issue 15) gVisor cold create+start p50 (ms)", v["cold_create"]["p50_ms"], 200),
-        ("(issue 15) gVisor JSON job via run_job p50 (ms)", v["json_job"]["p50_ms"], 150),
-        ("(issue 15) gVisor fork p50 (ms)", v["fork"]["p50_ms"], 300),
-    ):
-        targets.append([label, value, f"≤ {target}", verdict(value, target)])
-    return f"""## 8. bwrap beside gVisor (issue 15)
+    ]  # fmt: skip
+    if "delete" in v:
+        rows += [
+            ["DELETE answered p50 ms", b["delete"]["answer"]["p50_ms"], v["delete"]["answer"]["p50_ms"], "-"],
+            ["... removed from the host (background) p50 ms", b["delete"]["removed"]["p50_ms"],
+             v["delete"]["removed"]["p50_ms"], "-"],
+        ]  # fmt: skip
+    step_rows = []
+    if "json_job_steps" in v:
+        for k in ("create", "deliver", "exec", "collect", "delete"):
+            step_rows.append([k, b["json_job_steps"][k]["p50_ms"], v["json_job_steps"][k]["p50_ms"]])
+    checks = (
+        ("cold create+start p50 ≤ runsc restore + 50 ms", v["cold_create"]["p50_ms"], restore + 50),
+        ("JSON job via run_job p50 ≤ its `import json` exec + 60 ms", v["json_job"]["p50_ms"], interp + 60),
+        ("fork p50 ≤ runsc checkpoint + restore + 60 ms", v["fork"]["p50_ms"], floor_fork + 60),
+    )
+    targets.append(
+        ["(issue 15) gVisor create from the pool p50 (ms)", v["pool_create"]["p50_ms"], "≤ 10",
+         verdict(v["pool_create"]["p50_ms"], 10)]
+    )  # fmt: skip
+    floor_rows = []
+    for label, value, bound in checks:
+        targets.append(
+            [f"(issue 27 item 4) gVisor {label}", value, f"≤ {round(bound, 1)}", verdict(value, bound)]
+        )
+        floor_rows.append([label, value, round(bound, 1), f"{value - bound:+.1f}", verdict(value, bound)])
+    if "delete" in v:
+        answer, removed = v["delete"]["answer"]["p50_ms"], v["delete"]["removed"]["p50_ms"]
+        label = (
+            "(issue 27 item 4) gVisor teardown off the job's critical path: DELETE's answer p50 (ms) "
+            f"vs the removal behind it ({removed} ms)"
+        )
+        targets.append([label, answer, "< half the removal", verdict(answer, removed / 2)])
+    image_note = ""
+    if v.get("boot_image_mib") and f.get("image_mib"):
+        image_note = (
+            f", and it restores more: the template's boot image is {v['boot_image_mib']} MiB (the agent's"
+            f" interpreter, its memory and files) against the empty container's {f['image_mib']} MiB"
+        )
+    first_exec = ""
+    if "guest_costs" in v and "json_job_steps" in v:
+        first_exec = (
+            f", on a freshly restored sandbox: the job's exec step took "
+            f"{v['json_job_steps']['exec']['p50_ms']}"
+            f" ms against {v['guest_costs']['folded_run_py']['p50_ms']} ms for the same line in a used one"
+        )
+    guest_table = ""
+    if "guest_costs" in v and "guest_costs" in b:
+        names = {
+            "true": "`true` (the agent's `sh` and one exec)",
+            "timeout_true": "`timeout 60 true` (the guard's clock: one exec, one fork)",
+            "sh_c_true": "`sh -c true` (the job's shell: one exec)",
+            "dd_result": "`dd` of the result (the trailer's read)",
+            "folded_true": "the folded line around `true`",
+            "import_json": "`python3 -c 'import json'`",
+            "run_py": "`cd /work && python3 run.py` (the job, bare)",
+            "folded_run_py": "the job's folded line (what `run_job` execs)",
+        }
+        grows = [
+            [label, b["guest_costs"][k]["p50_ms"], v["guest_costs"][k]["p50_ms"]]
+            for k, label in names.items()
+            if k in v["guest_costs"]
+        ]
+        guest_table = (
+            "What one exec costs, by what it runs (the same sandbox, alternating, p50 ms, the HTTP round\n"
+            "trip and the agent's `sh` included in each):\n\n"
+            + table(["exec", "bwrap", "gVisor"], grows)
+            + "\n"
+        )
+    steps_table = (
+        "Where the JSON job's time goes (p50 of each step of its `JobOutcome.timings`, ms; the steps'\n"
+        "medians do not add up to the job's):\n\n" + table(["step", "bwrap", "gVisor"], step_rows) + "\n"
+        if step_rows
+        else ""
+    )
+    return f"""## 8. bwrap beside gVisor, and gVisor against runsc's own floor (issues 15, 27)
 
-`benchmarks/gvisor.py`: each backend on its own pandastack-local in the same run, N =
-{v["pool_create"]["n"]} per figure. A gVisor cold create restores the template's boot image (a
-checkpoint of a freshly booted, never-used sandbox). Fork is bwrap's cold fork (a new sandbox + the parent's
-disk copied) against gVisor's checkpoint + restore (memory, processes and files copied). Memory
-is the sandbox's memory cgroup usage when idle; CPU is its processes' CPU time while one JSON job runs.
-The seed's column is PandaStack's Firecracker microVMs (snapshot restore; same-host fork).
+`benchmarks/gvisor.py`: each backend on its own pandastack-local, then runsc alone, all in the
+same run (N = {v["pool_create"]["n"]} per figure, {load_line(g)}). A gVisor cold create restores the
+template's boot image (a checkpoint of a freshly booted, never-used sandbox). Fork is bwrap's cold
+fork (a new sandbox + the parent's disk copied) against gVisor's checkpoint + restore (memory,
+processes and files copied). Memory is the sandbox's memory cgroup usage when idle; CPU is its
+processes' CPU time while one JSON job runs. The seed's column is PandaStack's Firecracker
+microVMs (snapshot restore; same-host fork).
 
 {table(["figure", "bwrap", "gVisor", "seed (Firecracker)"], rows)}
 
-On a shared machine absolute times drift with its load (this step's bwrap cold create is the
-bwrap figure to compare with section 5's); the ratios gVisor / bwrap hold better: cold create
-{ratio(v["cold_create"]["p50_ms"], b["cold_create"]["p50_ms"])}x, JSON job
+**runsc's floor, measured in this run** with nothing inside (`sleep` in an empty root, the
+server's flags, no agent): `runsc run --detach` {f["run"]["p50_ms"]} ms, `runsc checkpoint`
+{checkpoint} ms, `runsc restore --detach` {restore} ms (p50); the JSON job's own interpreter
+inside gVisor (`python3 -c 'import json'` through exec, the row above) {interp} ms. The targets
+are relative to that floor (issue 27 withdrew issue 15's absolute ones):
+
+{table(["target", "measured p50 ms", "bound ms", "over (+) / under (-)", "verdict"], floor_rows)}
+
+{steps_table}
+{guest_table}
+**Teardown is off the job's critical path**: DELETE answers once the sandbox is out of the
+registry and every process of it is SIGKILLed through its cgroups; removing its cgroups, host
+dir and uids goes on in the background (the "removed" row; `/healthz` `tearing_down`), so a
+job's `delete` step is the answer's time, not the removal's (docs/local-server.md).
+
+What bounds each figure: a cold create is one restore of the boot image (the agent is in it, so
+no interpreter starts), so it cannot go below runsc's restore{image_note}; a fork is a checkpoint and then a
+restore, so not below their sum; a JSON job is a create from the pool, one exec (its interpreter,
+plus the guard's `timeout`, `sh` and `dd` process starts, each a fork and exec inside the
+sentry: the table above){first_exec} and the delete's answer. Debian's runsc (0.0~20240729, the only build in
+bookworm-backports and trixie) carries no precompiled seccomp filter, so each start compiles
+one (~27 ms in its debug log), and it starts its ~30 MB Go binary several times (the command,
+the gofer, the sentry, which re-executes itself once more).
+
+On a shared machine absolute times drift with its load; the ratios gVisor / bwrap hold better:
+cold create {ratio(v["cold_create"]["p50_ms"], b["cold_create"]["p50_ms"])}x, JSON job
 {ratio(v["json_job"]["p50_ms"], b["json_job"]["p50_ms"])}x, memory
 {ratio(v["idle_memory_mib"], b["idle_memory_mib"])}x, CPU per job
 {ratio(v["job_cpu_ms"], b["job_cpu_ms"])}x. A create from the pool is a hand-over for both.
 
-**The floor under the gVisor figures.** runsc alone, here, with nothing inside (`sleep` in an
-empty root, the server's flags, no agent): `runsc run --detach` {f["run"]["p50_ms"]} ms,
-`runsc checkpoint` {f["checkpoint"]["p50_ms"]} ms, `runsc restore --detach`
-{f["restore"]["p50_ms"]} ms (p50). A cold create restores the template's boot image (the agent
-is in it, so no interpreter starts): it cannot go below that restore. A fork is a checkpoint and
-then a restore: it cannot go below their sum, {floor_fork} ms. A JSON job pays its own
-interpreter (the row above) plus the lifecycle's round trips. Debian's runsc (0.0~20240729, the
-only build in bookworm-backports and trixie) carries no precompiled seccomp filter, so each start
-compiles one (~27 ms in its debug log), and it starts its ~30 MB Go binary several times (the
-command, the gofer, the sentry, which re-executes itself once more).
-
 What each boundary stops and when to pick which: docs/local-server.md, "Isolation backends".
 """
+
+
+def later_line(run: dict[str, Any]) -> str:
+    """The steps re-measured on their own after that run (``make bench`` narrowed, or a module
+    run by hand): each section then gives its own time and load."""
+    since = str(run.get("finished", {}).get("when") or "")
+    later = []
+    for path in sorted(RESULTS_DIR.glob("*.json")):
+        when = str(json.loads(path.read_text()).get("machine", {}).get("when") or "")
+        if path.stem != "run" and since and when > since:
+            later.append(f"{path.stem} ({when})")
+    if not later:
+        return ""
+    return (
+        "\n- **Re-measured on their own after that run** (each such section states its own load): "
+        + ", ".join(later)
+    )
 
 
 def write_report() -> Path:
@@ -692,7 +807,7 @@ Generated by `make bench` (`benchmarks/run.py`) from `benchmarks/results/*.json`
 `pandastack_local`; these are benchmarks, not tests.
 
 {machine_block(run)}
-- **Steps and N:** {n_line}
+- **Steps and N:** {n_line}{later_line(run)}
 
 ![benchmarks](results/benchmarks.png)
 

@@ -9,6 +9,7 @@ a second rail, and the HTTP request waits longer than both.
 from __future__ import annotations
 
 import math
+import secrets
 import shlex
 from collections.abc import Mapping
 
@@ -18,6 +19,8 @@ KILL_GRACE_SECONDS = 5
 # The server's own clock fires only if the guest's failed to.
 SERVER_TIMEOUT_MARGIN_SECONDS = 10
 TIMEOUT_EXIT_CODE = 124  # coreutils timeout: the command ran out of time
+# Starts the marker lines around a result carried on stdout (ResultTrailer); a nonce follows.
+RESULT_MARK = "\x1epandastack-result:"
 DETACHED_DIR = f"{WORKDIR}/.pandastack"
 DETACHED_EXIT = f"{DETACHED_DIR}/exit"
 DETACHED_STDOUT = f"{DETACHED_DIR}/stdout"
@@ -36,11 +39,16 @@ def job_env(result_path: str | None, extra: Mapping[str, str]) -> dict[str, str]
     return env
 
 
-def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
-    """``command`` under the guest-side hard timeout, in the work directory."""
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+def timed_command(command: str, timeout: float, env: Mapping[str, str], *, replace: bool = False) -> str:
+    """``command`` under the guest-side hard timeout, in the work directory.
+
+    The variables are the shell's own prefix assignments (names are checked by
+    :class:`~.spec.JobSpec`), not ``env``: one process start fewer per job.
+    ``replace``: the shell execs ``timeout`` instead of waiting for it.
+    """
+    assigns = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
     return (
-        f"env {assigns} timeout -s TERM -k {KILL_GRACE_SECONDS} {_seconds(timeout)} "
+        f"{assigns}{'exec ' if replace else ''}timeout -s TERM -k {KILL_GRACE_SECONDS} {_seconds(timeout)} "
         f"sh -c {shlex.quote(command)}"
     )
 
@@ -52,7 +60,67 @@ def foreground_command(command: str, timeout: float, env: Mapping[str, str]) -> 
     cost ~5 ms per job in the guest (benchmarks/RESULTS.md, section 1b).
     """
     prepare = f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }} && cd {WORKDIR}"
-    return f"{prepare} && exec {timed_command(command, timeout, env)}"
+    return f"{prepare} && {timed_command(command, timeout, env, replace=True)}"
+
+
+def job_script(
+    command: str,
+    timeout: float,
+    env: Mapping[str, str],
+    writes: Mapping[str, str],
+    result: ResultTrailer | None,
+) -> str:
+    """The one exec of a fresh sandbox's job: write its small files, run it, send its result back.
+
+    ``writes`` (absolute path -> text) are written by the shell's ``printf`` builtin
+    (no process, no round trip); the job runs under :func:`timed_command`; on exit 0,
+    a regular result file's first ``result.limit + 1`` bytes follow the job's stdout
+    between two marker lines (:class:`ResultTrailer`), read by ``dd`` with
+    ``O_NONBLOCK`` so a FIFO swapped in cannot hang it. The exit code is the job's.
+    """
+    steps = [f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }}", f"cd {WORKDIR}"]
+    made = {WORKDIR}
+    for path, text in writes.items():
+        parent = path.rsplit("/", 1)[0] or "/"
+        if parent not in made:
+            steps.append(f"{{ [ -d {shlex.quote(parent)} ] || mkdir -p {shlex.quote(parent)}; }}")
+            made.add(parent)
+        steps.append(f"printf %s {shlex.quote(text)} > {shlex.quote(path)}")
+    line = f"{' && '.join(steps)} && {timed_command(command, timeout, env)}; rc=$?"
+    if result is not None:
+        line += f"; if [ $rc -eq 0 ] && [ -f {shlex.quote(result.path)} ]; then {result.shell()}; fi"
+    return f"{line}; exit $rc"
+
+
+class ResultTrailer:
+    """The result file carried on the job exec's own stdout, after the job's output.
+
+    Framed as ``MARK f\n<bytes>MARK e<dd's exit>\n`` where ``MARK`` is
+    :data:`RESULT_MARK` and a random nonce. The shell prints the mark from two
+    separate arguments, so the mark never appears whole in the command line (a job
+    that prints ``ps`` output cannot end its own output by accident). A job can still
+    forge it on purpose: that can only spoil its own result, which it writes anyway;
+    the exit code comes from the server's ``exit`` event, never from the trailer.
+    The reader (:class:`~.trailer.TrailerReader`) keeps at most ``limit + 1`` bytes.
+    """
+
+    def __init__(self, path: str, limit: int, nonce: str | None = None) -> None:
+        self.path = path
+        self.limit = limit
+        self.nonce = nonce or secrets.token_hex(16)
+
+    @property
+    def mark(self) -> str:
+        return f"{RESULT_MARK}{self.nonce}"
+
+    def shell(self) -> str:
+        fmt = RESULT_MARK.replace("\x1e", "\\036") + "%s"
+        path = shlex.quote(self.path)
+        return (
+            f"printf '{fmt} f\\n' {self.nonce}; "
+            f"dd if={path} bs=65536 count={self.limit + 1} iflag=count_bytes,nonblock status=none "
+            f"2>/dev/null; printf '{fmt} e%s\\n' {self.nonce} $?"
+        )
 
 
 def detached_command(command: str, timeout: float, env: Mapping[str, str]) -> str:

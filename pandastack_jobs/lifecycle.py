@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import threading
 import time
 from collections import deque
@@ -29,6 +30,7 @@ from .outcome import FailureKind, JobOutcome, Timings
 from .reaper import delete_sandbox, reap_earlier_attempts
 from .redact import Redactor
 from .spec import INPUT_PATH, TAIL_BYTES, JobSpec
+from .trailer import TrailerReader
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ class JobRun:
         self.stderr = OutputTail()
         self.times: dict[str, float] = {}
         self.sandbox: Sandbox | None = None
+        self._folded: _Folded | None = None
 
     # -- the steps -------------------------------------------------------------------------------
 
@@ -128,7 +131,39 @@ class JobRun:
         )
 
     def deliver(self, sb: Sandbox) -> None:
-        """Write the job's files and its JSON input into the guest."""
+        """Write the job's files and its JSON input into the guest.
+
+        When the job's exec is folded (:meth:`fold`), small text files were taken into
+        its command instead and only the rest is written here.
+        """
+        payloads = self._folded.rest if self._folded is not None else self._payloads()
+        for path, data in payloads:
+            sb.filesystem.write(path, data)
+
+    def fold(self) -> None:
+        """Plan one exec for a fresh sandbox: it writes the small files, runs the job and sends
+        the result back on its stdout (:func:`guest.job_script`). Saves the input write, the
+        result's stat and read: three round trips. Large or binary files still go by PUT."""
+        budget = INLINE_BYTES
+        writes: dict[str, str] = {}
+        rest: list[tuple[str, bytes]] = []
+        for path, data in self._payloads():
+            text = _inline_text(data)
+            cost = len(shlex.quote(text).encode()) + len(path) if text is not None else budget + 1
+            if text is not None and cost <= budget:
+                writes[path] = text
+                budget -= cost
+            else:
+                rest.append((path, data))
+        trailer = None
+        if self.spec.result_path is not None:
+            limit = min(self.spec.max_result_bytes, FAST_RESULT_BYTES)
+            trailer = guest.ResultTrailer(self.spec.result_path, limit)
+        self._folded = _Folded(writes, rest, trailer)
+
+    def _payloads(self) -> list[tuple[str, bytes]]:
+        """(guest path, bytes) of every file and the input, checked against the upload limit."""
+        out: list[tuple[str, bytes]] = []
         for path, content in self.spec.files.items():
             data = content.read_bytes() if isinstance(content, Path) else content
             data = data.encode() if isinstance(data, str) else data
@@ -138,21 +173,34 @@ class JobRun:
                     f"file {path} is {len(data)} bytes, over the {self.spec.max_file_bytes}-byte upload "
                     "limit: ship large inputs through object storage and fetch them in the job",
                 )
-            sb.filesystem.write(path, data)
+            out.append((path, data))
         if self.spec.input is not None:
-            sb.filesystem.write(INPUT_PATH, json.dumps(self.spec.input, allow_nan=False).encode())
+            out.append((INPUT_PATH, json.dumps(self.spec.input, allow_nan=False).encode()))
+        return out
 
     def execute(self, sb: Sandbox) -> tuple[int, float]:
         """Run the command under the guest-side clock; return (exit code, seconds)."""
         env = guest.job_env(self.spec.result_path, self.spec.env)
-        command = guest.foreground_command(self.spec.command, self.spec.timeout, env)
+        folded = self._folded
+        on_stdout: Callable[[str], None] = lambda chunk: self.output("stdout", chunk)  # noqa: E731
+        if folded is None:
+            command = guest.foreground_command(self.spec.command, self.spec.timeout, env)
+        else:
+            command = guest.job_script(
+                self.spec.command, self.spec.timeout, env, folded.writes, folded.trailer
+            )
+            on_stdout = folded.reader_for(on_stdout)
         started = time.monotonic()
-        exit_code = sb.exec_stream(
-            command,
-            on_stdout=lambda chunk: self.output("stdout", chunk),
-            on_stderr=lambda chunk: self.output("stderr", chunk),
-            timeout_seconds=guest.server_timeout(self.spec.timeout),
-        )
+        try:
+            exit_code = sb.exec_stream(
+                command,
+                on_stdout=on_stdout,
+                on_stderr=lambda chunk: self.output("stderr", chunk),
+                timeout_seconds=guest.server_timeout(self.spec.timeout),
+            )
+        finally:
+            if folded is not None and folded.reader is not None:
+                folded.reader.finish()
         return exit_code, time.monotonic() - started
 
     def collect(self, sb: Sandbox) -> tuple[Any, bool, dict[str, bytes]]:
@@ -160,7 +208,9 @@ class JobRun:
         result: Any = None
         has_result = False
         if self.spec.result_path is not None:
-            raw = self._read_capped(sb, self.spec.result_path, self.spec.max_result_bytes, "result")
+            raw = self._folded.result() if self._folded is not None else None
+            if raw is None:  # no fast answer: stat, check and read the file, naming what is wrong
+                raw = self._read_capped(sb, self.spec.result_path, self.spec.max_result_bytes, "result")
             try:
                 result = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
             except (UnicodeDecodeError, ValueError) as exc:
@@ -209,6 +259,8 @@ class JobRun:
         step = "create"
         outcome_kw: dict[str, Any] = {}
         try:
+            if acquire is None and deliver and execute is None and collect:
+                self.fold()  # a fresh sandbox: nothing but this job has touched its files
             self.sandbox = self._timed("create", acquire or self.create)
             self.handle.attach(self.client, self.sandbox.id)
             if self.on_created is not None:
@@ -348,6 +400,45 @@ class JobRun:
             "reason": self.redact(reason),
             "retry_after": retry_after,
         }
+
+
+# Files and input up to this much (shell-quoted) ride in the job's exec line: the kernel's limit
+# for one argument is 128 KiB, and the server logs the line's start only.
+INLINE_BYTES = 48 * 1024
+# Results up to this much come back on the exec's stdout; a larger one is stat'ed and read.
+FAST_RESULT_BYTES = 1024 * 1024
+
+
+def _inline_text(data: bytes) -> str | None:
+    """``data`` as text a shell argument can carry (UTF-8, no NUL), or None."""
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class _Folded:
+    """A folded job's plan: the files its exec writes and where its result comes back."""
+
+    def __init__(
+        self, writes: dict[str, str], rest: list[tuple[str, bytes]], trailer: guest.ResultTrailer | None
+    ) -> None:
+        self.writes = writes
+        self.rest = rest
+        self.trailer = trailer
+        self.reader: TrailerReader | None = None
+
+    def reader_for(self, emit: Callable[[str], None]) -> Callable[[str], None]:
+        """The stdout callback: the job's output to ``emit``, the trailer kept aside."""
+        if self.trailer is None:
+            return emit
+        self.reader = TrailerReader(self.trailer, emit)
+        return self.reader.add
+
+    def result(self) -> bytes | None:
+        return self.reader.result() if self.reader is not None else None
 
 
 def _reject_constant(name: str) -> Any:

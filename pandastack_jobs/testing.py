@@ -14,7 +14,10 @@ cannot.
 What a job does is scripted per command (:meth:`FakeClient.script`): its exit
 code, output, result and files; it can run in the background (detached jobs),
 block until released, hit its timeout, or lose its stream. Failures are
-injected as the SDK's real exception classes (:meth:`FakeClient.fail`).
+injected as the SDK's real exception classes (:meth:`FakeClient.fail`). A fresh job's
+one exec (:func:`.guest.job_script`) is played as the guest's shell would: its ``printf``
+writes land in the sandbox's files before the job runs, and on exit 0 a regular result file
+comes back on stdout as the trailer (decoded as the server decodes a stream).
 Nothing here opens a socket, starts a process or needs root.
 
     client = FakeClient()
@@ -200,24 +203,33 @@ def _matcher(match: str | Callable[[str], bool] | None) -> Callable[[str], bool]
     return lambda text: match in text
 
 
-def _unwrap(line: str) -> tuple[str, dict[str, str], float | None]:
-    """The job's command, env and guest timeout inside a line the core built (:mod:`.guest`)."""
+def _tokens(line: str) -> list[str] | None:
     try:
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
-        tokens = list(lexer)
+        return list(lexer)
     except ValueError:
+        return None
+
+
+def _unwrap(line: str) -> tuple[str, dict[str, str], float | None]:
+    """The job's command, env and guest timeout inside a line the core built (:mod:`.guest`)."""
+    tokens = _tokens(line)
+    if tokens is None:
         return line, {}, None
     env: dict[str, str] = {}
     timeout: float | None = None
-    if "env" in tokens:
-        i = tokens.index("env") + 1
-        while i < len(tokens) and "=" in tokens[i] and not tokens[i].startswith("-"):
-            name, _, value = tokens[i].partition("=")
-            env[name] = value
-            i += 1
     if "timeout" in tokens:
-        i = tokens.index("timeout") + 1
+        i = tokens.index("timeout")
+        j = i - 1 - (i > 0 and tokens[i - 1] == "exec")  # NAME=value [exec] timeout ...
+        while j >= 0 and "=" in tokens[j] and tokens[j].partition("=")[0].isidentifier():
+            j -= 1  # the shell's prefix assignments: NAME=value timeout ...
+        for assign in tokens[j + 1 : i]:
+            if assign == "exec":
+                continue
+            name, _, value = assign.partition("=")
+            env[name] = value
+        i += 1
         while i < len(tokens) and tokens[i].startswith("-"):
             i += 2
         try:
@@ -227,11 +239,35 @@ def _unwrap(line: str) -> tuple[str, dict[str, str], float | None]:
     for i in range(len(tokens) - 2, -1, -1):
         if tokens[i] == "sh" and tokens[i + 1] == "-c" and i + 2 < len(tokens):
             inner = tokens[i + 2]
-            if "sh -c" in inner and ("timeout" in inner or "env " in inner):
+            if "sh -c" in inner and "timeout" in inner:
                 command, inner_env, inner_timeout = _unwrap(inner)
                 return command, {**env, **inner_env}, inner_timeout or timeout
             return inner, env, timeout
     return line, env, timeout
+
+
+@dataclass(frozen=True)
+class _Trailer:
+    """The result trailer a job line asks for (:class:`.guest.ResultTrailer`)."""
+
+    nonce: str
+    path: str
+    count: int
+
+
+def _folded(line: str) -> tuple[dict[str, str], _Trailer | None]:
+    """The files a folded job line writes (``printf %s TEXT > PATH``) and its result trailer."""
+    tokens = _tokens(line) or []
+    writes: dict[str, str] = {}
+    trailer: _Trailer | None = None
+    for i, word in enumerate(tokens):
+        if word == "printf" and tokens[i + 1 : i + 2] == ["%s"] and tokens[i + 3 : i + 4] == [">"]:
+            writes[tokens[i + 4]] = tokens[i + 2]
+        elif word == "dd" and trailer is None:
+            args = dict(a.partition("=")[::2] for a in tokens[i + 1 : i + 6] if "=" in a)
+            nonce = next(t for t in tokens[:i][::-1] if t.isalnum())
+            trailer = _Trailer(nonce, args["if"], int(args["count"]))
+    return writes, trailer
 
 
 class FakeClient(pandastack.Client):
@@ -580,6 +616,11 @@ class FakeClient(pandastack.Client):
         sb = self._get(sid, running=True)
         command, env, clock = _unwrap(line)
         detached = guest.DETACHED_EXIT in line and line.rstrip().endswith("&")
+        writes, trailer = _folded(line) if not detached else ({}, None)
+        with self._lock:
+            for path, text in writes.items():  # the exec line's own printf writes, before the job
+                sb.files[path] = text.encode()
+                sb.kinds.pop(path, None)
         call = ExecCall(sid, line, command, env, clock, body.get("timeout_seconds"), stream, detached)
         with self._lock:
             self.execs.append(call)
@@ -594,6 +635,8 @@ class FakeClient(pandastack.Client):
         if exit_code is None:  # deleted under the exec: the stream is cut
             return self._sse(_chunks(script.stdout), [], None) if stream else self._cut()
         out, err = _chunks(script.stdout), _chunks(script.stderr)
+        if exit_code == 0 and trailer is not None:
+            out += self._trailer(sb, trailer)
         if not stream:
             return {"stdout": "".join(out), "stderr": "".join(err), "exit_code": exit_code}
         if script.stream_ends == "eof":
@@ -601,6 +644,17 @@ class FakeClient(pandastack.Client):
         if script.stream_ends == "drop":
             return self._sse(out, err, None, drop=True)
         return self._sse(out, err, exit_code)
+
+    def _trailer(self, sb: FakeSandbox, trailer: _Trailer) -> list[str]:
+        """What the guest's trailer prints: a regular result file's first bytes between the marks,
+        decoded as the server decodes a stream (bad UTF-8 replaced); nothing once it is gone or dead."""
+        with self._lock:
+            gone = sb.id not in self.sandbox_state or sb.status != "running"
+            if gone or trailer.path in sb.kinds or trailer.path not in sb.files:
+                return []
+            data = sb.files[trailer.path][: trailer.count]
+        mark = f"{guest.RESULT_MARK}{trailer.nonce}"
+        return [f"{mark} f\n", data.decode("utf-8", "replace"), f"{mark} e0\n"]
 
     @staticmethod
     def _cut() -> Any:

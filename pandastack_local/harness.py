@@ -8,6 +8,7 @@ next start on the same state dir reaps what was left.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -279,6 +280,18 @@ class LocalServer:
         for sandbox_id in leftovers:
             client.sandboxes.delete(sandbox_id)
         return leftovers
+
+    def wait_for_teardown(self, timeout: float = 30.0) -> None:
+        """Wait until every deleted sandbox is removed from the host (DELETE answers once the
+        sandbox is stopped; its cgroups and host dir go in the background: docs/local-server.md)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as resp:  # noqa: S310
+                if not json.loads(resp.read(65536)).get("tearing_down"):
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"deleted sandboxes were still being removed after {timeout}s")
+            time.sleep(0.01)
 
     def uid(self) -> int | None:
         """The host uid the server process runs as (None when it is not running)."""

@@ -197,7 +197,8 @@ PATH_400 = {
 SB = "/v1/sandboxes/{sandbox_id}"
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/healthz"): op(
-        "health (no auth)", (200, "ok", obj(["status"], status=STR, sandboxes=INT, isolation=STR))
+        "health (no auth)",
+        (200, "ok", obj(["status"], status=STR, sandboxes=INT, tearing_down=INT, isolation=STR)),
     ),
     ("get", "/version"): op(
         "version (no auth)", (200, "the server", obj(["version"], version=STR, server=STR))

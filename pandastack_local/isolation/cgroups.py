@@ -314,13 +314,17 @@ class Cgroups:
             return _write(mem, str(limit_bytes)) and _write(memsw, str(limit_bytes))
         return _write(mem, str(limit_bytes))
 
-    def remove(self, name: str) -> None:
-        """Kill whatever is left in the sandbox's cgroups and remove them."""
+    def kill(self, name: str) -> None:
+        """SIGKILL every process in the sandbox's cgroups (a frozen one too); the cgroups stay."""
         self.freeze(name, False)
         for d in self.dirs(name):
             if self.version == "v2":
                 _write(d / "cgroup.kill", "1")
             _kill_procs(d)
+
+    def remove(self, name: str) -> None:
+        """Kill whatever is left in the sandbox's cgroups and remove them."""
+        self.kill(name)
         for d in self.dirs(name):
             _rmdir_tree(d)
 

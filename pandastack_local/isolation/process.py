@@ -165,6 +165,19 @@ def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:
     discard(sp.directory)
 
 
+def stop(sp: SandboxProcess, cgroups: Cgroups) -> bool:
+    """Stop a sandbox at once: SIGKILL its init and every process in its cgroups, so nothing of
+    it runs or answers any more. Its removal (waiting for the processes, its cgroups, its host dir,
+    what the backend holds) is :func:`kill`'s, which may run later. False on a host without
+    cgroups: only ``kill``'s /proc walk finds every process there."""
+    if not cgroups.bases:
+        return False
+    with contextlib.suppress(OSError):
+        sp.proc.send_signal(signal.SIGKILL)
+    cgroups.kill(sp.name)
+    return True
+
+
 def reap_leftovers(sandboxes_dir: Path, cgroups: Cgroups) -> list[str]:
     """Start-up: kill what a crashed previous run left (processes, cgroups) and move its host dirs
     into ``reaped/``, emptied in the background: however big a tree, the start does not wait."""

@@ -250,3 +250,56 @@ def test_an_interrupt_mid_exec_still_deletes_the_sandbox(ps_client: pandastack.C
     assert created
     with pytest.raises(pandastack.NotFoundError):
         ps_client.sandboxes.get(created[0])
+
+
+def _recording(client: pandastack.Client) -> list[tuple[str, str]]:
+    """Record (method, route) of every request the SDK sends through ``client``."""
+    calls: list[tuple[str, str]] = []
+    send = client._request
+
+    def record(method: str, path: str, *args: object, **kwargs: object) -> object:
+        calls.append((method, path.rsplit("/", 1)[-1] if "/fs" in path or "/exec" in path else path))
+        return send(method, path, *args, **kwargs)
+
+    client._request = record  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_fresh_job_is_one_exec_and_its_output_is_untouched(ps_client: pandastack.Client) -> None:
+    """Files, input and result ride in the job's one exec (create, exec, delete: no fs round
+    trip), and the job's own output reaches the log whole, with no trailer in it, even when
+    the job prints its ancestors' command lines (where the trailer's printf is written)."""
+    calls = _recording(ps_client)
+    chunks: list[str] = []
+    spec = JobSpec(
+        command=(
+            "python3 job.py && for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"
+            " && printf 'no newline'"
+        ),
+        files={"job.py": ECHO_INPUT, "lib/data.txt": "x'y\n"},
+        input={"rows": [4, 5]},
+        timeout=30,
+    )
+    outcome = run_job(ps_client, spec, on_output=lambda s, c: chunks.append(c) if s == "stdout" else None)
+    assert outcome.ok and outcome.result == {"sum": 9, "n": 2}, outcome.reason
+    assert [c for c in calls if c[1] in ("fs", "stat")] == [], calls
+    assert [m for m, _ in calls] == ["POST", "POST", "DELETE"], calls
+    out = "".join(chunks)
+    assert "pandastack-result:%s" in out and out.endswith("no newline") and "\x1e" not in out
+    assert outcome.stdout_tail == out
+
+
+def test_a_result_the_fast_path_cannot_vouch_for_is_read_and_judged_as_before(
+    ps_client: pandastack.Client,
+) -> None:
+    """Bytes that are not UTF-8 (the stream would replace them), a FIFO (never opened, never
+    read: the job does not hang on it) and a result past the trailer's 1 MiB all go the old way."""
+    bad = run_job(ps_client, JobSpec(command="printf '\\377\\376' > /work/result.json", timeout=30))
+    assert bad.kind is FailureKind.RESULT_INVALID and "not valid JSON" in bad.reason, bad.reason
+    started = time.monotonic()
+    fifo = run_job(ps_client, JobSpec(command="mkfifo /work/result.json", timeout=30))
+    assert fifo.kind is FailureKind.RESULT_INVALID and "not a regular file" in fifo.reason, fifo.reason
+    assert time.monotonic() - started < 10
+    big = "python3 -c \"import json; json.dump(['x' * 2000000], open('/work/result.json', 'w'))\""
+    large = run_job(ps_client, JobSpec(command=big, timeout=30))
+    assert large.ok and large.result == ["x" * 2000000], large.reason

@@ -38,6 +38,27 @@ def test_503_surfaces_when_the_budget_runs_out(make_local_server) -> None:
         held.kill()
 
 
+def test_a_deleted_sandbox_frees_its_place_at_once_and_its_removal_finishes(make_local_server) -> None:
+    """DELETE answers before the host removal is done (docs/local-server.md): the place it held is
+    free at once (no 503 at max_sandboxes=1, no retry), its id is a 404, and the removal ends."""
+    server = make_local_server(max_sandboxes=1, pool_size=0)
+    client = server.client(max_create_retry_seconds=0)
+    ids = []
+    for _ in range(3):
+        sb = client.sandboxes.create()
+        sb.exec("nohup sleep 7777 >/dev/null 2>&1 &")
+        ids.append(sb.id)
+        client.sandboxes.delete(sb.id)
+        with pytest.raises(pandastack.NotFoundError):
+            client.sandboxes.get(sb.id)
+        with pytest.raises(pandastack.NotFoundError):
+            sb.exec("true")
+    server.wait_for_teardown()
+    assert [i for i in ids if (server.state_dir / "sandboxes" / i).exists()] == []
+    assert not [p for i in ids for p in Path("/sys/fs/cgroup").glob(f"*/**/{i}")]
+    assert not _pids_with("sleep 7777")
+
+
 def test_507_memory_budget(make_local_server) -> None:
     server = make_local_server(memory_budget_mb=3000, pool_size=0, admission="limits")
     retries = []
@@ -102,6 +123,7 @@ def test_ttl_reaps_idle_sandboxes_and_activity_resets_it(make_local_server) -> N
     ids = {s.id for s in client.sandboxes.list()}
     assert idle.id not in ids and child.id not in ids
     assert busy.id in ids
+    server.wait_for_teardown()
     assert not (server.state_dir / "sandboxes" / idle.id).exists()
     busy.kill()
 

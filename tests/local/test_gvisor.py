@@ -165,6 +165,10 @@ def test_delete_leaves_nothing_behind(gvisor_server: LocalServer, gclient: Any) 
         gclient.sandboxes.delete(victim.id)
     assert time.monotonic() - started < 5
     for victim in [sb, *children]:
+        with pytest.raises(pandastack.NotFoundError):
+            gclient.sandboxes.get(victim.id)
+    gvisor_server.wait_for_teardown()  # the removal finishes after DELETE has answered
+    for victim in [sb, *children]:
         assert host_traces(gvisor_server, victim.id) == []
 
 
@@ -312,6 +316,7 @@ def test_cold_creates_restore_the_templates_boot_image(short_state_dir: Path) ->
         finally:
             for sb in (first, a, b):
                 sb.kill()
+        server.wait_for_teardown()
         for sb in (first, a, b):
             assert host_traces(server, sb.id) == []
     # The server's shutdown removes the image with its state.

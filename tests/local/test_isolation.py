@@ -190,6 +190,11 @@ def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     if small_server.active_limits():  # none for a non-root server on cgroup v1
         assert cgroups, "expected the sandbox to have cgroups"
     sb.kill()
+    # Gone for its clients at once (DELETE answers once it is stopped) ...
+    with pytest.raises(pandastack.NotFoundError):
+        small_client.sandboxes.get(sb.id)
+    # ... and from the host once its removal, finished in the background, is done.
+    small_server.wait_for_teardown()
     assert not sandbox_dir.exists()
     assert not cgroup_dirs(sb.id)
     assert not pids_matching(sb.id)

@@ -148,6 +148,7 @@ def test_airflow_hostile_subset_fails_alone(
     assert rel_server.client().sandboxes.list() == []
     used = [v for k, v in values.items() if k[2] == "sandbox_id"]
     assert len(used) >= len(SUBSET) + 5
+    rel_server.wait_for_teardown()
     assert [s for s in used if (Path(rel_server.state_dir) / "sandboxes" / s).exists()] == []
 
     # No secret in XCom, rendered fields or the task logs; token-shaped output is masked.

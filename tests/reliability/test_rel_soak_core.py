@@ -62,5 +62,6 @@ def test_core_soak_1000_jobs(rel_server: Any) -> None:
     assert max(s[2] for s in samples) <= fds_warm + 2, (fds_warm, samples)
     assert client.sandboxes.list() == []
     # The host holds nothing but the server's warm pool (never used, at most pool_size per template).
+    rel_server.wait_for_teardown()
     left = list((Path(rel_server.state_dir) / "sandboxes").iterdir())
     assert len(left) <= 2 * 3, left

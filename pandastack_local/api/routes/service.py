@@ -15,7 +15,12 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(manager: Manager) -> dict[str, Any]:
-    return {"status": "ok", "sandboxes": len(manager.sandboxes), "isolation": manager.backend.name}
+    return {
+        "status": "ok",
+        "sandboxes": len(manager.sandboxes),
+        "tearing_down": manager.tearing_down,
+        "isolation": manager.backend.name,
+    }
 
 
 @router.get("/version")

@@ -246,7 +246,8 @@ def test_sdk_errors_become_failure_kinds(
 ) -> None:
     fake.script("job", result=1)
     fake.fail(op, error)
-    outcome = run_job(fake, JobSpec(command="job", files={"a": "b"}))
+    # A binary file still goes by PUT (write) and a collected file is stat'ed (stat).
+    outcome = run_job(fake, JobSpec(command="job", files={"a": b"\x00b"}, collect=["a"]))
     assert outcome.kind is kind, outcome.reason
     assert fake.live() == []
 
@@ -291,9 +292,9 @@ def test_a_5xx_from_a_dead_sandbox_is_a_lost_sandbox_and_from_a_live_one_a_serve
 
     fake.script("job", Script(action=die, result=1))
     assert run_job(fake, JobSpec(command="job")).kind is FailureKind.SANDBOX_LOST
-    fake.script("job", result=1)
+    fake.script("job", result=1, files={"/work/out.csv": "a"})
     fake.fail("stat", pandastack.ServerError("disk error"))
-    assert run_job(fake, JobSpec(command="job")).kind is FailureKind.SERVER_ERROR
+    assert run_job(fake, JobSpec(command="job", collect=["out.csv"])).kind is FailureKind.SERVER_ERROR
 
 
 def test_a_sandbox_deleted_under_the_result_read_is_lost_not_missing(fake: FakeClient) -> None:
