@@ -29,11 +29,21 @@ def _seconds(value: float) -> str:
     return text or "0"
 
 
-def job_env(result_path: str | None, extra: Mapping[str, str]) -> dict[str, str]:
-    """Variables every job sees: where its input is and where its result goes."""
-    env = {"JOB_WORKDIR": WORKDIR, "JOB_INPUT": INPUT_PATH, "JOB_RESULT": result_path or RESULT_PATH}
+def job_env(result_path: str | None, extra: Mapping[str, str], workdir: str = WORKDIR) -> dict[str, str]:
+    """Variables every job sees: its work directory, where its input is and where its result goes.
+
+    ``workdir`` differs from :data:`WORKDIR` only for a queue chunk's mates, each in its own.
+    """
+    default_result = RESULT_PATH if workdir == WORKDIR else f"{workdir}/result.json"
+    env = {"JOB_WORKDIR": workdir, "JOB_INPUT": input_path(workdir)}
+    env["JOB_RESULT"] = result_path or default_result
     env.update(extra)
     return env
+
+
+def input_path(workdir: str = WORKDIR) -> str:
+    """Where a job's JSON input is written: ``input.json`` in its work directory."""
+    return INPUT_PATH if workdir == WORKDIR else f"{workdir}/input.json"
 
 
 def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
@@ -45,13 +55,14 @@ def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
     )
 
 
-def foreground_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
+def foreground_command(command: str, timeout: float, env: Mapping[str, str], workdir: str = WORKDIR) -> str:
     """The exec line of a job the orchestrator waits for.
 
     ``mkdir`` runs only when the work directory is missing: spawning it on every job
     cost ~5 ms per job in the guest (benchmarks/RESULTS.md, section 1b).
     """
-    prepare = f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }} && cd {WORKDIR}"
+    wd = shlex.quote(workdir)
+    prepare = f"{{ [ -d {wd} ] || mkdir -p {wd}; }} && cd {wd}"
     return f"{prepare} && exec {timed_command(command, timeout, env)}"
 
 

@@ -28,7 +28,7 @@ from .failures import StepError, capacity_retry_after, describe_exit, kind_for_e
 from .outcome import FailureKind, JobOutcome, Timings
 from .reaper import delete_sandbox, reap_earlier_attempts
 from .redact import Redactor
-from .spec import INPUT_PATH, TAIL_BYTES, JobSpec
+from .spec import TAIL_BYTES, WORKDIR, JobSpec
 
 logger = logging.getLogger("pandastack_jobs")
 
@@ -101,8 +101,10 @@ class JobRun:
         handle: JobHandle | None = None,
         redactor: Redactor | None = None,
         keep_on_success: bool = False,
+        workdir: str = WORKDIR,
     ) -> None:
         self.client = client
+        self.workdir = workdir  # another only for a queue chunk's mates (their own directory each)
         self.keep_on_success = keep_on_success
         self.succeeded = False
         self.spec = spec
@@ -140,12 +142,13 @@ class JobRun:
                 )
             sb.filesystem.write(path, data)
         if self.spec.input is not None:
-            sb.filesystem.write(INPUT_PATH, json.dumps(self.spec.input, allow_nan=False).encode())
+            data = json.dumps(self.spec.input, allow_nan=False).encode()
+            sb.filesystem.write(guest.input_path(self.workdir), data)
 
     def execute(self, sb: Sandbox) -> tuple[int, float]:
         """Run the command under the guest-side clock; return (exit code, seconds)."""
-        env = guest.job_env(self.spec.result_path, self.spec.env)
-        command = guest.foreground_command(self.spec.command, self.spec.timeout, env)
+        env = guest.job_env(self.spec.result_path, self.spec.env, self.workdir)
+        command = guest.foreground_command(self.spec.command, self.spec.timeout, env, self.workdir)
         started = time.monotonic()
         exit_code = sb.exec_stream(
             command,
