@@ -186,7 +186,18 @@ def run_chunk(
             mate = _Mate(client, rebase(spec, workdir), handle=handles[i], workdir=workdir)
             acquire = owner.create if sandbox is None else _given(sandbox)
             run = _runner(mate, acquire)
-            outcome = wrap(i, run) if wrap is not None else run()
+            try:
+                outcome = wrap(i, run) if wrap is not None else run()
+            except Exception as exc:
+                # Unclassified (an SDK error the lifecycle does not know): if the sandbox is gone,
+                # it is the chunk's death, not this mate's fault; otherwise let it propagate.
+                gone = sandbox or mate.sandbox
+                if gone is None or _sandbox_exists(client, gone.id):
+                    raise
+                sandbox = gone
+                outcome = JobOutcome(
+                    ok=False, kind=FailureKind.SANDBOX_LOST, reason=f"{type(exc).__name__}: {exc}"
+                )
             if sandbox is None and mate.sandbox is None:
                 # The create failed (capacity, unknown template): every mate shares that fate.
                 for j in range(i, n):
