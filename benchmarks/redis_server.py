@@ -3,7 +3,8 @@
 Bench-only harness (not product code): like the queue tests' broker, it runs
 the Debian ``redis-server`` as its own process group in a temporary directory,
 but without persistence (a benchmark needs no restart) and without the tests'
-process-group bookkeeping. It never assumes a Redis is already running.
+process-group bookkeeping. It never assumes a Redis is already running, and
+installs the package when it is missing.
 """
 
 from __future__ import annotations
@@ -31,14 +32,26 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _redis_server() -> str:
+    """The Debian ``redis-server``, installed with apt when missing (as ``tests/queue/run.sh`` does)."""
+    exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if os.path.exists(exe):
+        return exe
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise SystemExit("redis-server is missing: apt-get install redis-server")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], env=env, check=True, stdout=subprocess.DEVNULL)
+    # Its own service does not start here (no systemd; policy-rc.d): this benchmark starts its own.
+    argv = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "redis-server"]
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
 class RedisServer:
     """``with RedisServer() as redis: redis.url("jobs")``."""
 
     def __init__(self) -> None:
-        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
-        if not os.path.exists(exe):
-            raise SystemExit("redis-server is missing: apt-get install redis-server (make test-queue does)")
-        self.exe = exe
+        self.exe = _redis_server()
         self.port = _free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="pandastack-bench-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None

@@ -663,6 +663,59 @@ What each boundary stops and when to pick which: docs/local-server.md, "Isolatio
 """
 
 
+def queue_section() -> str:
+    q = load("queue")
+    if not q:
+        return ""
+    chunk = q.get("chunk", 8)
+    rows = [
+        [
+            lv["concurrency"],
+            lv["shared_jobs_s"],
+            lv["consumer_jobs_s"],
+            lv["chunk_jobs_s"],
+            lv["consumer_vs_shared"],
+            f"{lv['chunk_gain']}x",
+            lv["peak_sandboxes"],
+            lv["peak_sandboxes_chunk"],
+        ]
+        for lv in q["levels"]
+    ]
+    header = [
+        "concurrency",
+        "shared worker jobs/s",
+        "consumer jobs/s (K=1)",
+        f"consumer jobs/s (K={chunk})",
+        "consumer / shared",
+        f"K={chunk} / K=1",
+        "peak sandboxes K=1",
+        f"peak sandboxes K={chunk}",
+    ]
+    o = q["overhead"]
+    start, end = q.get("machine", {}), q.get("finished", {})
+    return f"""## 10. Queue consumer on Redis (issue 28)
+
+`benchmarks/queue.py` starts its own `redis-server` (no persistence, a free loopback port) and
+`pandastack_local`, and stops both. Every variant consumes the same {q["n"]} messages (the
+seed-shaped job above, `pandastack-job/1`, {q.get("tenants", 4)} tenants) from a fresh stream of that
+Redis and replies each result to the stream's reply stream; a run's time ends at its last
+result out. The **shared worker** is the same `Consumer` (same receive, reply and ack) with the
+sandbox swapped for a host subprocess per message in a fresh temporary directory, so the gap
+is what a sandbox per message costs; **K={chunk}** is the consumer with `--chunk-size {chunk}` (up
+to {chunk} messages of one tenant per sandbox). {q["rounds"]} rounds, variant order rotated every
+round, medians shown. Measured {start.get("when")} to {end.get("when")}, load average (1/5/15 min)
+at start {start.get("load_avg")}, at end {end.get("load_avg")}.
+
+{table(header, rows)}
+
+**Overhead over `run_job` in a loop** (same jobs, same job keys, no broker, concurrency 1):
+{o["loop_ms_per_message"]} ms per message in the loop ({o["loop_jobs_s"]} jobs/s),
+{o["consumer_ms_per_message"]} ms through the consumer ({o["consumer_c1_jobs_s"]} jobs/s):
+**{o["per_message_ms"]} ms per message** (consumer / loop {o["consumer_vs_loop"]}): the stream's
+receive, the reply, the ack and a new SDK client per message.
+"""
+
+
 def write_report() -> Path:
     run = load("run")
     targets: list[list[Any]] = []
@@ -680,6 +733,7 @@ def write_report() -> Path:
         templates_section(targets),
         gvisor_section(targets),
         density_section(targets),
+        queue_section(),
     ]
     steps = run.get("steps", {})
     n_line = ", ".join(
