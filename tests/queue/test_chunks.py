@@ -4,6 +4,7 @@ one sandbox, each acked, redelivered or dead-lettered on its own (docs/queues.md
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -134,4 +135,25 @@ def test_a_sandbox_killed_mid_chunk_releases_its_unfinished_mates(
     assert len({results[m]["sandbox_id"] for m in ("k1", "k2", "k3")}) == 3  # alone, each
     assert broker.dead(queue) == [] and stats.redelivered == 3 and stats.dead_lettered == 0
     assert len(broker.results(queue)) == 4 and broker.depth(queue) == 0
+    assert live_sandboxes(local_server, job_workflow=queue) == []
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_the_command_runs_chunks_and_refuses_a_chunk_it_could_not_release(
+    broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer
+) -> None:
+    """``pandastack-jobs consume --chunk-size 4`` runs one tenant's four messages in one sandbox;
+    ``--chunk-size 2 --max-deliveries 1`` is refused with the reason, before anything runs."""
+    t = broker.transport(queue)
+    for i in range(4):
+        t.send(tenant_message(f"c{i}", "acme"))
+    refused = spawn_worker("--chunk-size", "2", "--max-deliveries", "1")
+    assert refused.wait(60) == 2
+    assert "chunk_size > 1 needs max_deliveries >= 2" in refused.text() and "Traceback" not in refused.text()
+    worker = spawn_worker("--chunk-size", "4")
+    results = wait_results(broker, queue, 4)
+    assert sorted(r["id"] for r in results) == ["c0", "c1", "c2", "c3"]
+    assert len({r["sandbox_id"] for r in results}) == 1, results
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.text()
     assert live_sandboxes(local_server, job_workflow=queue) == []
