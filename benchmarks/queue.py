@@ -155,7 +155,7 @@ def loop(client: Any, bodies: list[bytes]) -> dict[str, float]:
 
 
 def main() -> None:
-    args = int_options(n=32, rounds=2)
+    args = int_options(n=32, rounds=4)
     from pandastack_jobs import ConnectionConfig
     from pandastack_local import LocalServer
 
@@ -235,6 +235,14 @@ def report(runs: dict[str, list[dict[str, float]]], n: int) -> dict[str, Any]:
             "consumer_ms_per_message": round(wall("consumer c1") / n * 1000, 2),
             "per_message_ms": round(per_message, 2),
             "consumer_vs_loop": ratio(wall("consumer c1"), wall("loop")),
+            "loop_wall_range_s": [
+                round(min(x["wall_s"] for x in runs["loop"]), 3),
+                round(max(x["wall_s"] for x in runs["loop"]), 3),
+            ],
+            "consumer_c1_wall_range_s": [
+                round(min(x["wall_s"] for x in runs["consumer c1"]), 3),
+                round(max(x["wall_s"] for x in runs["consumer c1"]), 3),
+            ],
         },
         "walls_s": {name: [round(x["wall_s"], 3) for x in xs] for name, xs in runs.items()},
     }
