@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -274,3 +275,29 @@ def test_a_dead_chunk_releases_its_unfinished_mates_and_they_come_back_alone(fak
     # the released mates ran alone on their second delivery: one sandbox each
     assert len({first["m1"], first["m2"], first["m3"]}) == 3 and first["m0"] not in (first["m1"],)
     assert stats.peak_sandboxes == 1 and fake.live() == []
+
+
+def test_a_stop_releases_the_messages_waiting_for_a_slot_at_once(fake: FakeClient) -> None:
+    """Concurrency 1, chunk size 4, three tenants: two messages wait for the slot; a stop gives
+    them back at once while the running one drains and is acked."""
+    t = _Memory()
+    gate = threading.Event()
+    fake.script("slow", Script(wait=gate, result={"ok": True}))
+    for i, tenant in enumerate(("acme", "globex", "initech")):
+        t.put({"id": f"m{i}", "command": "slow" if i == 0 else "echo", "tenant": tenant})
+    c = Consumer(t, _Fake(fake), concurrency=1, chunk_size=4, poll_seconds=0.05, drain_seconds=10)
+    thread = threading.Thread(target=c.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not fake.execs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert c.stats.in_flight == 1 and c.stats.sandboxes == 1  # one running, two waiting
+    c.stop()
+    deadline = time.monotonic() + 10
+    while len(t.released) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(t.released) == ["m1", "m2"] and t.acked == []  # released while m0 still runs
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert t.acked == ["m0"] and c.stats.released_on_drain == 2 and fake.live() == []
