@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import TypeVar
@@ -96,19 +97,26 @@ def mate_workdir(index: int) -> str:
 
 def rebase(spec: JobSpec, workdir: str) -> JobSpec:
     """``spec`` with every path under ``/work`` (its files, result and collected paths) moved
-    under ``workdir``: the mate's own directory. Absolute paths elsewhere are left as they are."""
+    under ``workdir``: the mate's own directory. Absolute paths elsewhere are left as they are.
+
+    The command first removes whatever is at its result and collected paths (unless it was
+    delivered there): an earlier mate can write into this mate's directory, and what it left
+    must never be read back as this mate's result.
+    """
 
     def move(path: str) -> str:
         if path == WORKDIR or path.startswith(WORKDIR + "/"):
             return workdir + path[len(WORKDIR) :]
         return path
 
-    return replace(
-        spec,
-        files={move(p): c for p, c in spec.files.items()},
-        result_path=move(spec.result_path) if spec.result_path is not None else None,
-        collect=tuple(move(p) for p in spec.collect),
-    )
+    files = {move(p): c for p, c in spec.files.items()}
+    result_path = move(spec.result_path) if spec.result_path is not None else None
+    collect = tuple(move(p) for p in spec.collect)
+    stale = [p for p in (result_path, *collect) if p is not None and p not in files]
+    command = spec.command
+    if stale:
+        command = f"rm -rf -- {' '.join(shlex.quote(p) for p in stale)} && {command}"
+    return replace(spec, command=command, files=files, result_path=result_path, collect=collect)
 
 
 class _Mate(JobRun):

@@ -157,3 +157,20 @@ def test_the_command_runs_chunks_and_refuses_a_chunk_it_could_not_release(
     worker.signal(signal.SIGTERM)
     assert worker.wait(60) == 0, worker.text()
     assert live_sandboxes(local_server, job_workflow=queue) == []
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_mate_cannot_hand_the_next_mate_a_result(broker: Broker, queue: str, start_consumer: Any) -> None:
+    """The first mate plants a result in the second mate's directory; the second exits 0 without
+    writing one: it is dead-lettered as result_missing, never acked with the planted result."""
+    t = broker.transport(queue)
+    plant = "mkdir -p /work/.chunk/1 && printf '{\"forged\": true}' > /work/.chunk/1/result.json; "
+    t.send(tenant_message("p0", "acme", plant))
+    t.send(json.dumps({"id": "p1", "tenant": "acme", "command": "true"}).encode())
+    stats = start_consumer(
+        until=lambda s: s.acked + s.dead_lettered >= 2, concurrency=1, chunk_size=2, max_deliveries=2
+    ).join(60)
+    results = broker.results(queue)
+    assert [r["id"] for r in results] == ["p0"] and stats.chunks == 1
+    (dead,) = broker.dead(queue)
+    assert json.loads(dead["body"])["id"] == "p1" and dead["why"]["kind"] == "result_missing", dead
