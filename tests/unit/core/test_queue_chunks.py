@@ -12,12 +12,13 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobSpec
+from pandastack_jobs.lifecycle import reap_before
 from pandastack_jobs.queue import Consumer, DeadLetter, Delivery, Transport, parse
 from pandastack_jobs.queue.chunks import group_of, isolation_key, mate_workdir, plan, rebase, run_chunk
 from pandastack_jobs.testing import FakeClient, FakeSandbox, Script
@@ -152,6 +153,20 @@ def test_when_the_sandbox_dies_the_unfinished_mates_are_released_not_blamed(fake
     assert all(o.redeliver for o in out[1:])
     assert "died while mate 2/4 ran" in out[3].reason
     assert len(fake.execs) == 2  # mates 3 and 4 never ran
+
+
+def test_the_first_mates_next_delivery_reaps_a_chunk_a_killed_worker_left(fake: FakeClient) -> None:
+    """The chunk's sandbox carries the first mate's job key: that message's redelivery (try 2)
+    deletes it before creating its own, as for a lone message."""
+    seen: list[dict[str, str]] = []
+    fake.script("job1", action=lambda sb, call: seen.append(dict(sb.metadata)))  # type: ignore[func-returns-value]
+    run_chunk(fake, specs(3))
+    (meta,) = seen
+    first = specs(1)[0]
+    assert first.key is not None and meta["job_id"] == first.key.job_id and meta["job_try"] == "1"
+    assert meta["queue_chunk_size"] == "3"
+    orphan = fake.add_sandbox(metadata=meta)  # what a SIGKILLed worker's chunk leaves
+    assert reap_before(fake, replace(first, key=replace(first.key, try_number=2))) == [orphan.id]
 
 
 def test_a_create_failure_is_every_mates_failure(fake: FakeClient) -> None:
