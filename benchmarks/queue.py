@@ -14,7 +14,9 @@ fresh stream of the same Redis and replies each result to the stream's reply str
 - ``chunk8 cN``: the Consumer with ``chunk_size=8`` (up to 8 messages of one tenant per sandbox);
 - ``loop``: the same jobs through ``run_job`` one after another, no broker at all.
 
-Variants run in a rotating order every round, so drift on the shared machine hits each alike.
+Variants run in a fresh (seeded) order every round, each after a 0.5 s pause that lets the
+server refill its warm pool, so drift on the shared machine and the previous variant's burst
+hit each alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -49,6 +52,7 @@ from benchmarks.redis_server import RedisServer
 LEVELS = (1, 2, 4, 8)
 TENANTS = 4
 CHUNK = 8
+SETTLE_S = 0.5
 # The host's own python3, as a shared worker would run it (not this venv's: its site-packages
 # would make every start-up slower than the sandbox's template python).
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -180,8 +184,12 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         log(f"queue: {args.rounds} rounds x {len(names)} variants x {args.n} messages")
         for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+            # A fresh order every round (a rotation would keep each variant behind the same
+            # neighbour: the loop always after the 8-sandbox burst, paying the pool's refill),
+            # and a pause before each run so the server's warm pool is full again.
+            order = random.Random(r).sample(names, len(names))
             for name in order:
+                time.sleep(SETTLE_S)
                 runs[name].append(variants[name]())
             log(f"queue: round {r + 1} done, load average {[round(x, 2) for x in os.getloadavg()]}")
         assert client.sandboxes.list() == [], "a variant leaked a sandbox"
