@@ -28,7 +28,7 @@ from ..reaper import delete_sandbox
 from ..spec import WORKDIR, JobSpec
 from .message import QueueJob
 
-logger = logging.getLogger("pandastack_jobs.queue")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CHUNK_DIR = f"{WORKDIR}/.chunk"
