@@ -15,7 +15,6 @@ import pytest
 from pandastack_local import LocalServer
 from tests.queue.brokers import Broker
 from tests.queue.conftest import live_sandboxes, wait_results
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -121,9 +120,10 @@ def test_a_sandbox_killed_mid_chunk_releases_its_unfinished_mates(
     t.send(tenant_message("k3", "acme"))
     running = start_consumer(until=lambda s: s.acked >= 4, concurrency=1, chunk_size=4, max_deliveries=2)
     wait_results(broker, queue, 1)
-    (sb,) = wait_for(
-        "the chunk's sandbox", lambda: live_sandboxes(local_server, job_workflow=queue), timeout=30
-    )
+    deadline = time.monotonic() + 30
+    while not (live := live_sandboxes(local_server, job_workflow=queue)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (sb,) = live  # the chunk's sandbox
     time.sleep(0.5)  # k1 is running in it now
     local_server.client().sandboxes.delete(sb.id)  # as the TTL or an OOM kill would end it
     stats = running.join(120)
