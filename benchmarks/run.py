@@ -46,6 +46,7 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("memory", AF, "benchmarks.memory", ["--jobs", "1000"], ["--jobs", "200"]),
     ("gvisor", AF, "benchmarks.gvisor", ["--n", "20"], ["--n", "5"]),
     ("density", AF, "benchmarks.density", ["--target", "500"], ["--target", "40"]),
+    ("queue", AF, "benchmarks.queue", ["--n", "32", "--rounds", "4"], ["--n", "8", "--rounds", "1"]),
 ]  # fmt: skip
 
 

@@ -32,11 +32,21 @@ def _seconds(value: float) -> str:
     return text or "0"
 
 
-def job_env(result_path: str | None, extra: Mapping[str, str]) -> dict[str, str]:
-    """Variables every job sees: where its input is and where its result goes."""
-    env = {"JOB_WORKDIR": WORKDIR, "JOB_INPUT": INPUT_PATH, "JOB_RESULT": result_path or RESULT_PATH}
+def job_env(result_path: str | None, extra: Mapping[str, str], workdir: str = WORKDIR) -> dict[str, str]:
+    """Variables every job sees: its work directory, where its input is and where its result goes.
+
+    ``workdir`` differs from :data:`WORKDIR` only for a queue chunk's mates, each in its own.
+    """
+    default_result = RESULT_PATH if workdir == WORKDIR else f"{workdir}/result.json"
+    env = {"JOB_WORKDIR": workdir, "JOB_INPUT": input_path(workdir)}
+    env["JOB_RESULT"] = result_path or default_result
     env.update(extra)
     return env
+
+
+def input_path(workdir: str = WORKDIR) -> str:
+    """Where a job's JSON input is written: ``input.json`` in its work directory."""
+    return INPUT_PATH if workdir == WORKDIR else f"{workdir}/input.json"
 
 
 def timed_command(command: str, timeout: float, env: Mapping[str, str], *, replace: bool = False) -> str:
@@ -53,13 +63,14 @@ def timed_command(command: str, timeout: float, env: Mapping[str, str], *, repla
     )
 
 
-def foreground_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
+def foreground_command(command: str, timeout: float, env: Mapping[str, str], workdir: str = WORKDIR) -> str:
     """The exec line of a job the orchestrator waits for.
 
     ``mkdir`` runs only when the work directory is missing: spawning it on every job
     cost ~5 ms per job in the guest (benchmarks/RESULTS.md, section 1b).
     """
-    prepare = f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }} && cd {WORKDIR}"
+    wd = shlex.quote(workdir)
+    prepare = f"{{ [ -d {wd} ] || mkdir -p {wd}; }} && cd {wd}"
     return f"{prepare} && {timed_command(command, timeout, env, replace=True)}"
 
 
@@ -69,6 +80,7 @@ def job_script(
     env: Mapping[str, str],
     writes: Mapping[str, str],
     result: ResultTrailer | None,
+    workdir: str = WORKDIR,
 ) -> str:
     """The one exec of a fresh sandbox's job: write its small files, run it, send its result back.
 
@@ -78,8 +90,9 @@ def job_script(
     between two marker lines (:class:`ResultTrailer`), read by ``dd`` with
     ``O_NONBLOCK`` so a FIFO swapped in cannot hang it. The exit code is the job's.
     """
-    steps = [f"{{ [ -d {WORKDIR} ] || mkdir -p {WORKDIR}; }}", f"cd {WORKDIR}"]
-    made = {WORKDIR}
+    wd = shlex.quote(workdir)
+    steps = [f"{{ [ -d {wd} ] || mkdir -p {wd}; }}", f"cd {wd}"]
+    made = {workdir}
     for path, text in writes.items():
         parent = path.rsplit("/", 1)[0] or "/"
         if parent not in made:

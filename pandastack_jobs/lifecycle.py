@@ -29,7 +29,7 @@ from .failures import StepError, capacity_retry_after, describe_exit, kind_for_e
 from .outcome import FailureKind, JobOutcome, Timings
 from .reaper import delete_sandbox, reap_earlier_attempts
 from .redact import Redactor
-from .spec import INPUT_PATH, TAIL_BYTES, JobSpec
+from .spec import TAIL_BYTES, WORKDIR, JobSpec
 from .trailer import TrailerReader
 
 logger = logging.getLogger(__name__)
@@ -103,8 +103,10 @@ class JobRun:
         handle: JobHandle | None = None,
         redactor: Redactor | None = None,
         keep_on_success: bool = False,
+        workdir: str = WORKDIR,
     ) -> None:
         self.client = client
+        self.workdir = workdir  # another only for a queue chunk's mates (their own directory each)
         self.keep_on_success = keep_on_success
         self.succeeded = False
         self.spec = spec
@@ -175,19 +177,21 @@ class JobRun:
                 )
             out.append((path, data))
         if self.spec.input is not None:
-            out.append((INPUT_PATH, json.dumps(self.spec.input, allow_nan=False).encode()))
+            out.append(
+                (guest.input_path(self.workdir), json.dumps(self.spec.input, allow_nan=False).encode())
+            )
         return out
 
     def execute(self, sb: Sandbox) -> tuple[int, float]:
         """Run the command under the guest-side clock; return (exit code, seconds)."""
-        env = guest.job_env(self.spec.result_path, self.spec.env)
+        env = guest.job_env(self.spec.result_path, self.spec.env, self.workdir)
         folded = self._folded
         on_stdout: Callable[[str], None] = lambda chunk: self.output("stdout", chunk)  # noqa: E731
         if folded is None:
-            command = guest.foreground_command(self.spec.command, self.spec.timeout, env)
+            command = guest.foreground_command(self.spec.command, self.spec.timeout, env, self.workdir)
         else:
             command = guest.job_script(
-                self.spec.command, self.spec.timeout, env, folded.writes, folded.trailer
+                self.spec.command, self.spec.timeout, env, folded.writes, folded.trailer, self.workdir
             )
             on_stdout = folded.reader_for(on_stdout)
         started = time.monotonic()

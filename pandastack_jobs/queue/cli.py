@@ -56,6 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--max-message-bytes", type=int, default=1024 * 1024, help="larger messages are dead-lettered"
     )
+    c.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run up to K messages of one isolation key one after another in one sandbox (default 1)",
+    )
+    c.add_argument(
+        "--chunk-key",
+        default="tenant",
+        help="the isolation key of a chunk: 'tenant' (default) or 'input.<name>'",
+    )
+    c.add_argument(
+        "--chunk-keyless",
+        action="store_true",
+        help="let messages without the key share sandboxes with each other (default: each alone)",
+    )
     c.add_argument("--progress-every", type=float, default=None, help="seconds between progress lines")
     c.add_argument("--quiet", action="store_true", help="no progress line")
     c.add_argument("--log-level", default="WARNING")
@@ -110,17 +127,25 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
         defaults["template"] = args.template
     if args.timeout:
         defaults["timeout"] = args.timeout
-    consumer = Consumer(
-        transport,
-        ConnectionConfig(),
-        concurrency=args.concurrency,
-        max_deliveries=args.max_deliveries,
-        defaults=defaults,
-        max_message_bytes=args.max_message_bytes,
-        release_delay=args.release_delay,
-        drain_seconds=args.drain,
-        allowed_templates=_allowed(args),
-    )
+    try:
+        consumer = Consumer(
+            transport,
+            ConnectionConfig(),
+            concurrency=args.concurrency,
+            max_deliveries=args.max_deliveries,
+            defaults=defaults,
+            max_message_bytes=args.max_message_bytes,
+            release_delay=args.release_delay,
+            drain_seconds=args.drain,
+            allowed_templates=_allowed(args),
+            chunk_size=args.chunk_size,
+            chunk_key=args.chunk_key,
+            chunk_keyless=args.chunk_keyless,
+        )
+    except ValueError as exc:
+        transport.close()
+        print(f"pandastack-jobs: {exc}", file=sys.stderr)
+        return 2
     consumer.install_signal_handlers()
     done = threading.Event()
     if not args.quiet:

@@ -27,6 +27,7 @@ from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
+from .chunks import check_key, group_of, plan, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -74,6 +75,11 @@ class Stats:
     received: int = 0
     in_flight: int = 0
     peak_in_flight: int = 0
+    sandboxes: int = 0
+    """Slots in use: one sandbox each (a lone message or a chunk)."""
+    peak_sandboxes: int = 0
+    chunks: int = 0
+    """Chunks of two or more messages started (``chunk_size`` > 1)."""
     acked: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
@@ -137,6 +143,8 @@ class _Work:
     drained: bool = False
     outcome: JobOutcome | None = None
     replied: bool = False
+    slot: int = 0
+    chunked: bool = False
 
 
 class Consumer:
@@ -150,6 +158,10 @@ class Consumer:
     ``release_delay``: the least delay before a redelivery (capacity refusals wait their
     ``Retry-After`` if longer). ``drain_seconds``: how long a stop waits for running jobs
     before cancelling them and releasing their messages.
+    ``chunk_size``: up to this many messages run one after another in one sandbox (docs/queues.md,
+    "Chunks"), each with its own result and settlement; only messages with the same isolation key
+    (``chunk_key``: ``tenant`` or ``input.<name>``) and the same job options share one, and a
+    message without a key runs alone unless ``chunk_keyless``. ``concurrency`` counts sandboxes.
     """
 
     def __init__(
@@ -167,9 +179,17 @@ class Consumer:
         poll_seconds: float = 1.0,
         allowed_templates: Collection[str] | None = None,
         runner: Runner | None = None,
+        chunk_size: int = 1,
+        chunk_key: str = "tenant",
+        chunk_keyless: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be at least 1")
+        if chunk_size > 1 and max_deliveries < 2:
+            # A chunk's death releases its unfinished mates for another delivery (alone).
+            raise ValueError("chunk_size > 1 needs max_deliveries >= 2")
         if max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         self.transport = transport
@@ -184,12 +204,18 @@ class Consumer:
         self.poll_seconds = poll_seconds
         self.allowed_templates = frozenset(allowed_templates) if allowed_templates is not None else None
         self.runner = runner
+        self.chunk_size = chunk_size
+        self.chunk_key = check_key(chunk_key)
+        self.chunk_keyless = chunk_keyless
         self.stats = Stats()
         self._stop = threading.Event()
         self._stop_at: float | None = None
         self._done: queue_mod.Queue[_Work] = queue_mod.Queue()
         self._settle: deque[_Work] = deque()
         self._running: dict[int, _Work] = {}
+        self._pending: list[_Work] = []  # received and parsed, waiting for a free slot
+        self._slots: dict[int, int] = {}  # slot -> its messages not yet collected
+        self._next_slot = 0
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pandastack-queue")
 
     # -- control ---------------------------------------------------------------------------------
@@ -220,18 +246,23 @@ class Consumer:
                     if self._stop_at is None:
                         self._stop_at = time.monotonic() + self.drain_seconds
                         logger.info("stopping: %d job(s) running, draining", len(self._running))
-                    if not self._running and not self._settle:
+                    self._release_pending()
+                    if not self._running and not self._settle and not self._pending:
                         break
                     if time.monotonic() >= self._stop_at:
                         self._cancel_running()
                 if time.monotonic() >= next_extend:
                     self._extend_leases()
                     next_extend = time.monotonic() + self._extend_interval()
-                free = self.concurrency - len(self._running)
+                free = self.concurrency - len(self._slots)
                 if free > 0 and not self._stop.is_set():
-                    wait = 0.2 if self._running else self.poll_seconds
-                    for delivery in self._broker(functools.partial(self.transport.receive, free, wait)) or []:
-                        self._start(delivery)
+                    room = free * self.chunk_size - len(self._pending)
+                    if room > 0:
+                        wait = 0.0 if self._pending else 0.2 if self._running else self.poll_seconds
+                        receive = functools.partial(self.transport.receive, room, wait)
+                        for delivery in self._broker(receive) or []:
+                            self._start(delivery)
+                    self._launch(free)
                 else:
                     self._wait_done(0.2)
         finally:
@@ -239,6 +270,12 @@ class Consumer:
             # them; their messages were never acked and come back to the next consumer.
             self._cancel_running()
             self._pool.shutdown(wait=True, cancel_futures=True)
+            for work in self._pending:  # never run, never acked: give them back if the broker is up
+                try:
+                    self.transport.release(work.delivery, 0)
+                except Exception:  # noqa: BLE001 - they come back anyway when their lease ends
+                    break
+            self._pending.clear()
             self.transport.close()
         return self.stats
 
@@ -276,11 +313,81 @@ class Consumer:
             )
             self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, delivery.count))
             return
-        work = _Work(delivery, job)
-        self._running[id(work)] = work
-        self.stats.in_flight = len(self._running)
-        self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
-        self._pool.submit(contextvars.copy_context().run, self._run_one, work)
+        self._pending.append(_Work(delivery, job))
+
+    def _group(self, work: _Work) -> Any:
+        """A message on its second or later delivery runs alone: if it is what killed its
+        chunk's sandbox, it does not take chunk-mates down with it again."""
+        if self.chunk_size == 1 or work.delivery.count > 1:
+            return None
+        return group_of(work.job, self.chunk_key, self.chunk_keyless)
+
+    def _launch(self, free: int) -> None:
+        """Start up to ``free`` sandboxes on the pending messages (one, or a chunk, each)."""
+        if not self._pending:
+            return
+        for chunk in plan(self._pending, self._group, self.chunk_size, free):
+            slot = self._next_slot
+            self._next_slot += 1
+            self._slots[slot] = len(chunk)
+            for work in chunk:
+                self._pending.remove(work)
+                work.slot, work.chunked = slot, len(chunk) > 1
+                self._running[id(work)] = work
+            self.stats.in_flight = len(self._running)
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
+            self.stats.sandboxes = len(self._slots)
+            self.stats.peak_sandboxes = max(self.stats.peak_sandboxes, self.stats.sandboxes)
+            if len(chunk) == 1:
+                self._pool.submit(contextvars.copy_context().run, self._run_one, chunk[0])
+            else:
+                self.stats.chunks += 1
+                self._pool.submit(contextvars.copy_context().run, self._run_chunk, chunk)
+
+    def _release_pending(self) -> None:
+        while self._pending:
+            work = self._pending[0]
+            self._broker(functools.partial(self.transport.release, work.delivery, 0))
+            self._pending.pop(0)
+            self.stats.released_on_drain += 1
+
+    def _run_chunk(self, works: list[_Work]) -> None:
+        """One sandbox for ``works`` (see :func:`~pandastack_jobs.queue.chunks.run_chunk`); each
+        mate is handed to the loop as it ends, the last after the sandbox is deleted."""
+        handed: set[int] = set()
+
+        def finished(i: int, outcome: JobOutcome) -> None:
+            works[i].outcome = outcome
+            handed.add(i)
+            self._done.put(works[i])
+
+        client = None
+        try:
+            specs = [w.job.spec(self.transport.name, w.delivery.count) for w in works]
+
+            def wrap(i: int, run: Callable[[], JobOutcome]) -> JobOutcome:
+                return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
+
+            client = self.connection.client()
+            run_chunk(client, specs, handles=[w.handle for w in works], wrap=wrap, on_finished=finished)
+        except Exception as exc:  # a bug here must not lose the messages
+            logger.exception("chunk of %d message(s) raised", len(works))
+            for i, work in enumerate(works):
+                if i not in handed:
+                    work.outcome = JobOutcome(
+                        ok=False, kind=FailureKind.SERVER_ERROR, reason=f"consumer error: {exc}"
+                    )
+        finally:
+            close = getattr(client, "close", None)
+            if callable(close):
+                close()
+            for i, work in enumerate(works):
+                if i not in handed:
+                    if work.outcome is None:
+                        work.outcome = JobOutcome(
+                            ok=False, kind=FailureKind.SERVER_ERROR, reason="consumer error: mate not run"
+                        )
+                    self._done.put(work)
 
     def _run_one(self, work: _Work) -> None:
         try:
@@ -313,6 +420,12 @@ class Consumer:
                 return
             self._running.pop(id(work), None)
             self.stats.in_flight = len(self._running)
+            left = self._slots.get(work.slot, 1) - 1
+            if left > 0:
+                self._slots[work.slot] = left
+            else:
+                self._slots.pop(work.slot, None)
+            self.stats.sandboxes = len(self._slots)
             self._settle.append(work)
 
     def _settle_finished(self) -> None:
@@ -341,6 +454,12 @@ class Consumer:
         if work.drained or (self._stop.is_set() and outcome.kind is FailureKind.CANCELLED):
             self.transport.release(d, 0)
             self.stats.released_on_drain += 1
+            return True
+        if work.chunked and outcome.kind is FailureKind.SANDBOX_LOST:
+            # The chunk's sandbox died: no mate is to blame; each comes back and runs alone.
+            logger.info("message %s: %s; redelivering", d.message_id, outcome.reason)
+            self.transport.release(d, self.release_delay)
+            self.stats.redelivered += 1
             return True
         if outcome.ok:
             if not work.replied:
@@ -390,7 +509,7 @@ class Consumer:
     def _extend_leases(self) -> None:
         if not self.transport.lease_seconds:
             return
-        for work in list(self._running.values()):
+        for work in [*self._running.values(), *self._pending]:
             try:
                 if (
                     self._broker(functools.partial(self.transport.extend, work.delivery), failed=False)

@@ -105,7 +105,11 @@ class PostgresTransport(Transport):
         ).format(t=self._t)
         deadline = time.monotonic() + wait_seconds
         while True:
-            rows = self._exec(query, (self.lease_seconds, self.name, max_messages))
+            # UPDATE ... RETURNING does not keep the subquery's order: put the oldest first again
+            # (a chunk is filled in arrival order).
+            rows = sorted(
+                self._exec(query, (self.lease_seconds, self.name, max_messages)), key=lambda r: r[0]
+            )
             if rows or time.monotonic() >= deadline:
                 return [
                     Delivery(mid, bytes(body), n, handle=(rid, lease)) for rid, mid, body, n, lease in rows
