@@ -1,4 +1,4 @@
-"""On the floor Airflow (3.1): the operator, @task.pandastack, the hook and the trigger import and
+"""On the floor Airflows (3.1, 3.2): the operator, @task.pandastack, the hook and the trigger import and
 work, a crash is redelivered in a fresh sandbox, a permanent exit code is not; the executor refuses
 with the version it needs."""
 
