@@ -59,6 +59,16 @@ def test_operator_decorator_redelivery_and_dead_letter(airflow_env, local_server
     assert local_server.client().sandboxes.list() == []
 
 
+def test_no_dependency_here_breaks_this_airflow() -> None:
+    import warnings
+
+    from airflow_provider.versions import check_airflow
+
+    with warnings.catch_warnings():  # on 3.2: constraints/airflow-3.2.txt caps fastapi and svcs
+        warnings.simplefilter("error")
+        check_airflow()
+
+
 def test_executor_says_it_needs_33() -> None:
     from airflow_provider.versions import airflow_release
 
