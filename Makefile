@@ -155,14 +155,16 @@ test-queue: venvs templates
 test-e2e: venvs templates
 	e2e/run.sh $(PYTEST_ARGS)
 
-# The floor engine versions (issue 25; README, "Engine versions"): Airflow 3.1 and Prefect 3.6, each
-# in a venv of its own under .venv-floors/, pinned by constraints/*.txt (pip freeze of a resolve
-# from the package index, through the machine's own pip configuration). Light: install, import,
-# one real dag.test() / flow with a redelivered failure and a dead-letter (tests/floors), plus
-# the Prefect first-hour tests (default block, worker check, plain-function retry condition).
+# The floor engine versions (issue 25; README, "Engine versions"): Airflow 3.1 and 3.2 and Prefect
+# 3.6, each in a venv of its own under .venv-floors/, pinned by constraints/*.txt (pip freeze of a
+# resolve from the package index, through the machine's own pip configuration; airflow-3.2.txt also
+# caps fastapi and svcs, which 3.2.2 needs and does not declare: see its header). Light: install,
+# import, one real dag.test() / flow with a redelivered failure and a dead-letter (tests/floors),
+# plus the Prefect first-hour tests (default block, worker check, plain-function retry condition).
 # Uses the local server's built templates (make templates; CI has them from make test).
 FLOORS := .venv-floors
 FLOOR_ENGINE_airflow-3.1 := airflow
+FLOOR_ENGINE_airflow-3.2 := airflow
 FLOOR_ENGINE_prefect-3.6 := prefect
 # Prefect 3.6's worker module imports importlib_metadata without declaring it.
 FLOOR_EXTRA_prefect-3.6 := importlib_metadata
@@ -172,8 +174,9 @@ $(FLOORS)/%/.installed: constraints/%.txt pyproject.toml
 		-e '.[$(FLOOR_ENGINE_$*),local]' pytest pytest-timeout httpx $(FLOOR_EXTRA_$*)
 	@touch $@
 
-test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/prefect-3.6/.installed
+test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/airflow-3.2/.installed $(FLOORS)/prefect-3.6/.installed
 	$(FLOORS)/airflow-3.1/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
+	$(FLOORS)/airflow-3.2/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
 	$(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
 		tests/prefect/test_prefect_newcomer.py $(PYTEST_ARGS)
 

@@ -6,11 +6,17 @@ Airflow discovers providers.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 SUPPORTED = (3, 1), (3, 4)  # [low, high): the operator, decorator, hook, trigger, warm-fork operators
 EXECUTOR_MIN = (3, 3)  # the executor follows common.sandbox and pre-assigned try UUIDs (3.3)
 SUPPORTED_TEXT = "apache-airflow>=3.1,<3.4"
+# Airflow 3.2 (3.2.2, the last 3.2) works only below these and does not declare them (3.3 declares the
+# first): with today's newer ones its own Execution API fails before any provider code runs
+# (fastapi 0.145+: building its routes; svcs 26.2: in-process requests, dag.test() included).
+AIRFLOW_32_CAPS = {"fastapi": (0, 137), "svcs": (26, 2)}
 
 
 def release(text: str) -> tuple[int, int]:
@@ -30,14 +36,41 @@ def airflow_release() -> tuple[int, int] | None:
             return None
 
 
-def check_airflow(found: tuple[int, int] | None = None) -> None:
-    """Raise ImportError naming the supported range when this Airflow is outside it."""
+def check_airflow(found: tuple[int, int] | None = None, installed: Mapping[str, str] | None = None) -> None:
+    """Raise ImportError naming the supported range when this Airflow is outside it; warn when an
+    Airflow 3.2 sits next to a dependency that breaks it (``installed``: ``{name: version}``,
+    read from the environment when not given)."""
     found = airflow_release() if found is None else found
     if found is not None and not SUPPORTED[0] <= found < SUPPORTED[1]:
         raise ImportError(
             f"pandastack-workflows' Airflow provider supports {SUPPORTED_TEXT}; this is Airflow "
             f"{found[0]}.{found[1]}. Install a supported Airflow (see the README's version table)."
         )
+    if found == (3, 2) and (too_new := airflow_32_breakers(installed)):
+        warnings.warn(
+            f"Airflow 3.2 needs fastapi<0.137 and svcs<26.2 (it does not declare them); this environment "
+            f"has {', '.join(too_new)}, with which Airflow's own Execution API fails (route building, or "
+            "\"'State' object has no attribute 'svcs_registry'\" in dag.test() and in-process runs). "
+            "Fix: pip install 'fastapi<0.137' 'svcs<26.2' (the README's version table).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def airflow_32_breakers(installed: Mapping[str, str] | None = None) -> list[str]:
+    """``["svcs 26.2.0", ...]``: the installed dependencies at or above Airflow 3.2's caps."""
+    out = []
+    for name, cap in AIRFLOW_32_CAPS.items():
+        if installed is not None:
+            have = installed.get(name)
+        else:
+            try:
+                have = version(name)
+            except PackageNotFoundError:
+                have = None
+        if have is not None and release(have) >= cap:
+            out.append(f"{name} {have}")
+    return out
 
 
 def check_executor(found: tuple[int, int] | None = None) -> None:

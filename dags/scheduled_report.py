@@ -16,6 +16,11 @@ from airflow.sdk import DAG
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 
+# The run's date in every kind of run: a scheduled run's logical date, and for a manual or
+# REST-triggered run (Airflow 3 gives those no logical date, so a bare {{ ds }} is undefined) the
+# time it was triggered for.
+RUN_DATE = "{{ (dag_run.logical_date or dag_run.run_after) | ds }}"
+
 with DAG(
     dag_id="pandastack_scheduled_report",
     schedule="0 6 * * *",
@@ -31,10 +36,10 @@ with DAG(
             "render_report.py": JOBS_DIR / "report" / "render_report.py",
             "orders.csv": JOBS_DIR / "report" / "orders.csv",
         },
-        input={"date": "{{ ds }}"},
+        input={"date": RUN_DATE},
         template="code-interpreter",
         collect=["report.md", "chart.png"],
-        object_storage_path=REPORTS_URL + "/{{ dag.dag_id }}/{{ ds }}",
+        object_storage_path=REPORTS_URL + "/{{ dag.dag_id }}/" + RUN_DATE,
         xcom_max_bytes=0,  # report, chart and summary go to object storage; XCom holds paths
         timeout=120,
         retries=2,

@@ -1,10 +1,12 @@
-"""Issue 25 (items 4 and 9) in real DAG runs: the README's operator example as pasted, in a manual
-run (Airflow 3: no logical date), a template error that must not burn retries, and the ``files``
-XCom that is there even when nothing was collected."""
+"""Issue 25 (items 4 and 9) in real DAG runs: the README's operator example as pasted and the
+scheduled-report example DAG, in a manual run (Airflow 3: no logical date), a template error that
+must not burn retries, and the ``files`` XCom that is there even when nothing was collected."""
 
 from __future__ import annotations
 
+import json
 import runpy
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,6 +50,28 @@ def test_airflow_guide_dag_runs_as_pasted(airflow_env, local_server, ps_client, 
     assert states == {"transform": "success", "stats": "success"}, states
     assert xcom(dr, "transform")["total"] == 8
     assert xcom(dr, "stats") == {"mean": 4}
+    assert ps_client.sandboxes.list() == []
+
+
+def test_scheduled_report_dag_renders_in_a_manual_run(
+    airflow_env, local_server, ps_client, tmp_path, monkeypatch
+):
+    """dags/scheduled_report.py triggered by hand or through the REST API (no logical date): its
+    templated input and object-storage path render to the run's date, and the report lands there."""
+    monkeypatch.setenv("PANDASTACK_REPORTS_URL", f"file://{tmp_path}")
+    monkeypatch.setenv("PANDASTACK_AIRFLOW_POOL", "default_pool")  # the DAG's pool is made by a CLI step
+    monkeypatch.syspath_prepend(str(ROOT / "dags"))
+    monkeypatch.delitem(sys.modules, "_jobs", raising=False)  # re-read the environment above
+    dag = runpy.run_path(str(ROOT / "dags" / "scheduled_report.py"))["dag"]
+    dr = run_dag(dag, logical_date=None)
+    ti = task_instances(dr)[("render_report", -1)]
+    assert ti.state == "success" and ti.try_number == 1, (ti.state, ti.try_number)
+    day = dr.run_after.strftime("%Y-%m-%d")
+    url = xcom(dr, "render_report", "files")["/work/report.md"]["path"]
+    assert url.startswith(f"file://{tmp_path}/pandastack_scheduled_report/{day}/"), url
+    assert Path(url.removeprefix("file://")).read_text().startswith(f"# Orders report for {day}")
+    summary = json.loads(Path(xcom(dr, "render_report").removeprefix("file://")).read_text())
+    assert summary["date"] == day
     assert ps_client.sandboxes.list() == []
 
 

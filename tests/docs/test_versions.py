@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -43,7 +44,20 @@ def test_airflow_outside_the_range_is_refused(found) -> None:
 
 @pytest.mark.parametrize("found", [(3, 1), (3, 2), (3, 3)])
 def test_airflow_in_the_range_passes(found) -> None:
-    check_airflow(found)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_airflow(found, {"fastapi": "0.136.3", "svcs": "26.1.0"})
+
+
+def test_airflow_32_next_to_what_breaks_it_warns_with_the_fix() -> None:
+    with pytest.warns(RuntimeWarning, match=r"fastapi 0\.165\.0, svcs 26\.2\.0") as caught:
+        check_airflow((3, 2), {"fastapi": "0.165.0", "svcs": "26.2.0"})
+    assert "pip install 'fastapi<0.137' 'svcs<26.2'" in str(caught[0].message)
+    with pytest.warns(RuntimeWarning, match=r"has svcs 26\.2\.0, with"):
+        check_airflow((3, 2), {"fastapi": "0.136.3", "svcs": "26.2.0"})
+    with warnings.catch_warnings():  # 3.3 ties the lifespan to the transport and caps fastapi itself
+        warnings.simplefilter("error")
+        check_airflow((3, 3), {"fastapi": "0.136.3", "svcs": "26.2.0"})
 
 
 def test_executor_needs_33() -> None:

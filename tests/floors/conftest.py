@@ -1,4 +1,4 @@
-"""The floor-version leg (``make test-floors``): the oldest supported Airflow or Prefect, one real
+"""The floor-version legs (``make test-floors``): Airflow 3.1 and 3.2, Prefect 3.6, one real
 run each with a redelivered failure. Runs in whichever engine's venv it is given; the Airflow
 environment is isolated at import time, before anything imports Airflow (as tests/airflow does)."""
 

@@ -1,4 +1,4 @@
-"""On the floor Airflow (3.1): the operator, @task.pandastack, the hook and the trigger import and
+"""On the floor Airflows (3.1, 3.2): the operator, @task.pandastack, the hook and the trigger import and
 work, a crash is redelivered in a fresh sandbox, a permanent exit code is not; the executor refuses
 with the version it needs."""
 
@@ -57,6 +57,16 @@ def test_operator_decorator_redelivery_and_dead_letter(airflow_env, local_server
     assert (tis[("permanent", -1)].state, tis[("permanent", -1)].try_number) == ("failed", 1)
     assert tis[("double", -1)].state == "success" and xcom(dr, "double") == 42
     assert local_server.client().sandboxes.list() == []
+
+
+def test_no_dependency_here_breaks_this_airflow() -> None:
+    import warnings
+
+    from airflow_provider.versions import check_airflow
+
+    with warnings.catch_warnings():  # on 3.2: constraints/airflow-3.2.txt caps fastapi and svcs
+        warnings.simplefilter("error")
+        check_airflow()
 
 
 def test_executor_says_it_needs_33() -> None:
