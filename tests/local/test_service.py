@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from pandastack_local import LocalServer
-from tests.support import procs
+from pandastack_local.testing import procs
 from tests.support.server import write_template
 
 

@@ -17,8 +17,7 @@ import httpx
 import pytest
 
 from pandastack_local import LocalServer
-
-from ..support.procs import rss_kb
+from pandastack_local.testing.procs import rss_kb
 
 MiB = 1024 * 1024
 RSS_GROWTH_LIMIT = 64 * MiB  # issue 12: the server's RSS grows by less than this

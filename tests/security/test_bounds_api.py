@@ -29,8 +29,8 @@ from pandastack_local.limits import (
     exec_slots,
 )
 from pandastack_local.templates.registry import Template
+from pandastack_local.testing.procs import pids_matching
 
-from ..support.procs import pids_matching
 from ..support.server import GVISOR
 from .bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
 
