@@ -25,6 +25,7 @@ import pytest
 from pandastack_local import LocalServer, agent_client
 from pandastack_local.testing.procs import descendants
 from tests.security.conftest import SMALL
+from tests.support.listener import Listener
 from tests.support.server import GVISOR, fail_on_leftovers, write_template
 
 # The agent's silence deadline (agent_client.AGENT_SILENCE_SECONDS; 10 s before it existed).
@@ -724,29 +725,20 @@ print(json.dumps({"connected": len(socks), "refused": refused, "closed": closed,
 """
 
 
-class HoldServer:
+class HoldServer(Listener):
     """A host TCP listener that accepts and holds every connection, counting them."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(512)
-        self.port = int(self.sock.getsockname()[1])
         self.conns: list[socket.socket] = []
         self.peak = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(backlog=512)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            self.peak = max(self.peak, len(self.conns))
+    def handle(self, conn: socket.socket) -> None:
+        self.conns.append(conn)
+        self.peak = max(self.peak, len(self.conns))
 
     def close(self) -> None:
-        self.sock.close()
+        super().close()
         for conn in self.conns:
             conn.close()
 
