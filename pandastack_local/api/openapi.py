@@ -150,8 +150,6 @@ AGENT_500 = {
 }
 PAUSED = {409: "the sandbox is paused"}
 EXEC_429 = {429: "the sandbox runs as many execs as its template allows (Retry-After)"}
-# What every route that reads a JSON body of a sandbox answers first.
-BODY_CODES = (AUTH, SANDBOX_404, BAD_JSON, TOO_LARGE)
 CAPACITY_503 = {503: "no capacity now (Retry-After): sandboxes, or a template still being built"}
 MEMORY_507 = {507: "the memory budget is spent (Retry-After)"}
 
@@ -191,23 +189,31 @@ def op(
     return out
 
 
-def fs_op(
+def sandbox_op(
     summary: str,
     ok: tuple[int, str, Any],
     *codes: dict[int, str],
-    required: bool = True,
-    raw_body: bool = False,
+    not_found: dict[int, str] = SANDBOX_404,
+    **kw: Any,
 ) -> dict[str, Any]:
-    """A file-system route: bearer auth and the ``path`` query parameter."""
-    return op(summary, ok, AUTH, *codes, query=path_param(required), raw_body=raw_body)
+    """A route of one sandbox: 401 and 404 (no such sandbox, or what ``not_found`` says) come first."""
+    return op(summary, ok, AUTH, not_found, *codes, **kw)
+
+
+def fs_op(
+    summary: str, ok: tuple[int, str, Any], *codes: dict[int, str], required: bool = True, **kw: Any
+) -> dict[str, Any]:
+    """A file-system route: a sandbox's, with the ``path`` query parameter."""
+    return sandbox_op(summary, ok, *codes, query=path_param(required), **kw)
 
 
 def fork_op(summary: str, description: str, schema: dict[str, Any], not_running: str) -> dict[str, Any]:
     """A fork route: fork and fork-tree differ only in what they answer with."""
-    return op(
+    return sandbox_op(
         summary,
         (201, description, schema),
-        *BODY_CODES,
+        BAD_JSON,
+        TOO_LARGE,
         {409: "the parent's disk is over the fork copy cap, or it is busy"},
         {500: not_running},
         CAPACITY_503,
@@ -238,6 +244,7 @@ FS_OS = {
     507: "the sandbox's disk is full",
 }
 CONTEXT_429 = {429: "the sandbox has as many code contexts as allowed (Retry-After)"}
+CONTEXT_404 = {404: "no such sandbox or context"}
 PATH_400 = {
     400: "missing, relative or '..' path, a file the read refuses (not regular, over the cap), or another "
     "OS refusal named in the error (ENOTDIR, EIO, ...)"
@@ -266,35 +273,37 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         body="create",
     ),
     ("get", "/v1/sandboxes"): op("list sandboxes", (200, "a bare array", array(SANDBOX)), AUTH),
-    ("get", SB): op("get a sandbox", (200, "the sandbox", SANDBOX), AUTH, SANDBOX_404),
-    ("delete", SB): op("delete a sandbox", (204, "deleted", None), AUTH, SANDBOX_404),
+    ("get", SB): sandbox_op("get a sandbox", (200, "the sandbox", SANDBOX)),
+    ("delete", SB): sandbox_op("delete a sandbox", (204, "deleted", None)),
     ("get", "/v1/templates"): op("list templates", (200, "templates", array({"type": "object"})), AUTH),
     ("get", "/v1/templates/{name}"): op(
         "get a template", (200, "the template", {"type": "object"}), AUTH, {404: "no such template"}
     ),
     ("get", "/v1/me"): op("who the key is", (200, "the key's owner", {"type": "object"}), AUTH),
-    ("post", f"{SB}/exec"): op(
+    ("post", f"{SB}/exec"): sandbox_op(
         "run a command, answered whole",
         (
             200,
             "its output (each stream's first 1 MiB) and exit code",
             {"$ref": "#/components/schemas/ExecResult"},
         ),
-        *BODY_CODES,
+        BAD_JSON,
+        TOO_LARGE,
         PAUSED,
         EXEC_429,
         {499: "the client went away before the answer (nobody reads this)"},
         {500: "the command's timeout (the text says `timeout`), or the sandbox is not running (P)"},
         body="exec",
     ),
-    ("post", f"{SB}/exec/stream"): op(
+    ("post", f"{SB}/exec/stream"): sandbox_op(
         "run a command, streamed (SSE)",
         (
             200,
             "events: stdout/stderr {chunk}, then exit {exit_code} or error {error}",
             {"media": "text/event-stream", "schema": {"type": "object"}},
         ),
-        *BODY_CODES,
+        BAD_JSON,
+        TOO_LARGE,
         PAUSED,
         EXEC_429,
         AGENT_500,
@@ -308,7 +317,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "its bytes",
             {"media": "application/octet-stream", "schema": BINARY},
         ),
-        SANDBOX_404,
         PATH_400,
         FS_OS,
         {500: "no such file (P: PandaStack's 500 `No such file or directory`), or another OS error"},
@@ -316,7 +324,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("put", f"{SB}/fs"): fs_op(
         "write a file (parents created)",
         (200, "written", obj(["path", "bytes"], path=STR, bytes=INT)),
-        SANDBOX_404,
         PATH_400,
         TOO_LARGE,
         PAUSED,
@@ -327,7 +334,6 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", f"{SB}/fs/dir"): fs_op(
         "list a directory (no path: /)",
         (200, "its entries", obj(["path", "entries"], path=STR, entries=array(ENTRY))),
-        SANDBOX_404,
         PATH_400,
         FS_OS,
         AGENT_500,
@@ -336,34 +342,31 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", f"{SB}/fs/stat"): fs_op(
         "stat a path (follows a symlink)",
         (200, "one entry", ENTRY),
-        {404: "no such sandbox, or no such file (`file does not exist`)"},
         PATH_400,
         FS_OS,
         AGENT_500,
+        not_found={404: "no such sandbox, or no such file (`file does not exist`)"},
     ),
     ("delete", f"{SB}/fs"): fs_op(
         "delete a path",
         (204, "deleted", None),
-        SANDBOX_404,
         {400: "missing or relative path, or the sandbox's root"},
         PAUSED,
         AGENT_500,
         FS_OS,
     ),
-    ("get", f"{SB}/lifecycle"): op("TTL and persistence", (200, "now", LIFECYCLE), AUTH, SANDBOX_404),
-    ("patch", f"{SB}/lifecycle"): op(
+    ("get", f"{SB}/lifecycle"): sandbox_op("TTL and persistence", (200, "now", LIFECYCLE)),
+    ("patch", f"{SB}/lifecycle"): sandbox_op(
         "set the idle TTL (at least 1 s) or persistence",
         (200, "now", LIFECYCLE),
-        AUTH,
-        SANDBOX_404,
         {400: "malformed JSON, a field of the wrong type, or ttl_seconds 0 (set persistent)"},
         TOO_LARGE,
         body="lifecycle",
     ),
-    ("post", f"{SB}/pause"): op("pause", (204, "paused", None), AUTH, SANDBOX_404, AGENT_500),
-    ("post", f"{SB}/resume"): op("resume", (204, "running", None), AUTH, SANDBOX_404, AGENT_500),
-    ("get", f"{SB}/logs"): op(
-        "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR}), AUTH, SANDBOX_404
+    ("post", f"{SB}/pause"): sandbox_op("pause", (204, "paused", None), AGENT_500),
+    ("post", f"{SB}/resume"): sandbox_op("resume", (204, "running", None), AGENT_500),
+    ("get", f"{SB}/logs"): sandbox_op(
+        "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR})
     ),
     ("post", f"{SB}/fork"): fork_op(
         "fork (bwrap: a cold fork, the disk copied; gVisor: memory too)",
@@ -377,38 +380,34 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         obj(["parent_id", "children"], tree_id=STR, parent_id=STR, snapshot_id=STR, children=array(SANDBOX)),
         "the parent is not running (P), or the fork failed",
     ),
-    ("post", f"{SB}/repl/sessions"): op(
+    ("post", f"{SB}/repl/sessions"): sandbox_op(
         "open a code context (python)",
         (201, "the context", CONTEXT),
-        *BODY_CODES,
+        BAD_JSON,
+        TOO_LARGE,
         PAUSED,
         {429: "the sandbox has as many contexts as allowed (Retry-After)"},
         AGENT_500,
         body="context",
     ),
-    ("get", f"{SB}/repl/sessions"): op(
+    ("get", f"{SB}/repl/sessions"): sandbox_op(
         "list code contexts",
         (200, "contexts", array({"type": "object"})),
-        AUTH,
-        SANDBOX_404,
         PAUSED,
         CONTEXT_429,
         AGENT_500,
     ),
-    ("delete", f"{SB}/repl/sessions/{{context_id}}"): op(
+    ("delete", f"{SB}/repl/sessions/{{context_id}}"): sandbox_op(
         "close a code context",
         (204, "closed", None),
-        AUTH,
-        {404: "no such sandbox or context"},
         PAUSED,
         CONTEXT_429,
         AGENT_500,
+        not_found=CONTEXT_404,
     ),
-    ("post", f"{SB}/repl/sessions/{{context_id}}/run"): op(
+    ("post", f"{SB}/repl/sessions/{{context_id}}/run"): sandbox_op(
         "run code in a context",
         (200, "its output and results", CELL),
-        AUTH,
-        {404: "no such sandbox or context"},
         BAD_JSON,
         TOO_LARGE,
         PAUSED,
@@ -419,12 +418,11 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "is not running"
         },
         body="run",
+        not_found=CONTEXT_404,
     ),
-    ("post", f"{SB}/repl"): op(
+    ("post", f"{SB}/repl"): sandbox_op(
         "run a snippet once (fresh interpreter)",
         (200, "its output", SNIPPET),
-        AUTH,
-        SANDBOX_404,
         {
             400: "malformed JSON, an unsupported language, or code holding the heredoc delimiter (as "
             "on PandaStack)"
