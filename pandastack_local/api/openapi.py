@@ -47,6 +47,7 @@ SANDBOX = obj(
     from_snapshot={"type": ["string", "null"]},
     persistent=BOOL,
     isolation=STR,
+    memory_copied={"type": ["boolean", "null"]},
 )
 SCHEMAS: dict[str, Any] = {
     "Error": obj(["error"], error=STR, detail=STR),
@@ -118,7 +119,14 @@ BODIES: dict[str, dict[str, Any]] = {
             "persistent": BOOL,
         },
     },
-    "fork": {"type": "object", "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 16}}},
+    "fork": {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "minimum": 1, "maximum": 16},
+            # true: refuse (409) a fork that would copy the disk only (bwrap) instead of making it.
+            "require_memory": BOOL,
+        },
+    },
     "context": {"type": "object", "properties": {"language": {"enum": ["python", "py", "python3"]}}},
     "run": {
         "type": "object",
@@ -214,7 +222,7 @@ def fork_op(summary: str, description: str, schema: dict[str, Any], not_running:
         (201, description, schema),
         BAD_JSON,
         TOO_LARGE,
-        {409: "the parent's disk is over the fork copy cap, or it is busy"},
+        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
         {500: not_running},
         CAPACITY_503,
         MEMORY_507,
@@ -252,7 +260,8 @@ PATH_400 = {
 SB = "/v1/sandboxes/{sandbox_id}"
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/healthz"): op(
-        "health (no auth)", (200, "ok", obj(["status"], status=STR, sandboxes=INT, isolation=STR))
+        "health (no auth)",
+        (200, "ok", obj(["status"], status=STR, sandboxes=INT, tearing_down=INT, isolation=STR)),
     ),
     ("get", "/version"): op(
         "version (no auth)", (200, "the server", obj(["version"], version=STR, server=STR))
@@ -369,15 +378,31 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR})
     ),
     ("post", f"{SB}/fork"): fork_op(
-        "fork (bwrap: a cold fork, the disk copied; gVisor: memory too)",
+        "fork (bwrap: a cold fork, the disk copied, memory_copied false and why; gVisor: memory too)",
         "the children's ids",
-        obj(["parent_id", "children"], parent_id=STR, snapshot_id=STR, children=array(STR), at=STR),
+        obj(
+            ["parent_id", "children"],
+            parent_id=STR,
+            snapshot_id=STR,
+            children=array(STR),
+            at=STR,
+            memory_copied=BOOL,
+            why=STR,
+        ),
         "the parent is not running (P: `parent sandbox not found or not running`), or the fork failed",
     ),
     ("post", f"{SB}/fork-tree"): fork_op(
         "fork into count children (default 2)",
         "the children",
-        obj(["parent_id", "children"], tree_id=STR, parent_id=STR, snapshot_id=STR, children=array(SANDBOX)),
+        obj(
+            ["parent_id", "children"],
+            tree_id=STR,
+            parent_id=STR,
+            snapshot_id=STR,
+            children=array(SANDBOX),
+            memory_copied=BOOL,
+            why=STR,
+        ),
         "the parent is not running (P), or the fork failed",
     ),
     ("post", f"{SB}/repl/sessions"): sandbox_op(
