@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pendulum
+from airflow.sdk import DAG
+
 _SAMPLE_JOBS = Path(__file__).resolve().parent.parent / "sample_jobs"
 JOBS_DIR = Path(os.environ.get("PANDASTACK_EXAMPLE_JOBS", _SAMPLE_JOBS))
 REPORTS_URL = os.environ.get("PANDASTACK_REPORTS_URL", "file:///tmp/pandastack-reports")
@@ -27,3 +30,15 @@ def tenant_rows(tenant: str) -> list[dict[str, float]]:
     """A small deterministic input per tenant."""
     seed = sum(map(ord, tenant))
     return [{"id": i, "amount": round(5 + (seed * (i + 3)) % 240 + i / 10, 2)} for i in range(1, 21)]
+
+
+def example_dag(dag_id: str, doc_md: str | None) -> DAG:
+    """An example run on demand (``airflow dags trigger``): no schedule, no catch-up."""
+    return DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+        catchup=False,
+        tags=["pandastack", "example"],
+        doc_md=doc_md,
+    )

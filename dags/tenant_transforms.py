@@ -10,8 +10,8 @@ sandboxes are alive at once.
 from __future__ import annotations
 
 import pendulum
-from _jobs import HOSTILE_EXIT_CODE, SANDBOX_POOL, tenant_files, tenant_rows
-from airflow.sdk import DAG, task
+from _jobs import HOSTILE_EXIT_CODE, SANDBOX_POOL, example_dag, tenant_files, tenant_rows
+from airflow.sdk import task
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 
@@ -27,14 +27,7 @@ def tenant_jobs() -> list[dict]:
     ]
 
 
-with DAG(
-    dag_id="pandastack_tenant_transforms",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
-    tags=["pandastack", "example"],
-    doc_md=__doc__,
-) as dag:
+with example_dag("pandastack_tenant_transforms", __doc__) as dag:
     transforms = PandaStackSandboxOperator.partial(
         task_id="transform",
         command="python3 transform.py",

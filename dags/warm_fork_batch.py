@@ -8,9 +8,7 @@ fail.
 
 from __future__ import annotations
 
-import pendulum
-from _jobs import JOBS_DIR, SANDBOX_POOL
-from airflow.sdk import DAG
+from _jobs import JOBS_DIR, SANDBOX_POOL, example_dag
 
 from airflow_provider.operators.warm_fork import (
     PandaStackForkOperator,
@@ -18,14 +16,7 @@ from airflow_provider.operators.warm_fork import (
     PandaStackWarmPoolTeardownOperator,
 )
 
-with DAG(
-    dag_id="pandastack_warm_fork_batch",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
-    tags=["pandastack", "example"],
-    doc_md=__doc__,
-) as dag:
+with example_dag("pandastack_warm_fork_batch", __doc__) as dag:
     warm = PandaStackWarmPoolSetupOperator(
         task_id="warm_up",
         command="python3 warmup.py",

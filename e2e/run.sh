@@ -44,44 +44,14 @@ chmod 755 "$RUN_DIR"
 export E2E_RUN_DIR=$RUN_DIR
 echo "e2e: run directory (logs, state) $RUN_DIR"
 
+# shellcheck source=../scripts/run-dir.sh
+. "$REPO/scripts/run-dir.sh"
 cleanup() {
   rc=$?
   trap - EXIT INT TERM
-  if [ -f "$RUN_DIR/pgids" ]; then
-    while read -r pgid name; do
-      if kill -0 -- "-$pgid" 2>/dev/null; then
-        echo "e2e: cleanup: killing leftover process group $pgid ($name)"
-        kill -TERM -- "-$pgid" 2>/dev/null || true
-      fi
-    done <"$RUN_DIR/pgids"
-    sleep 2
-    while read -r pgid name; do
-      kill -KILL -- "-$pgid" 2>/dev/null || true
-    done <"$RUN_DIR/pgids"
+  if ! reap_run_dir e2e "$AF/bin/python" "$RUN_DIR" "$RUN_DIR/pgids" 2 && [ "$rc" = 0 ]; then
+    rc=1
   fi
-  left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
-import os, sys
-from pandastack_local.testing.procs import listening_ports, pids, read_proc
-run_dir = sys.argv[1]
-try:
-    ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}
-except OSError:
-    ours = set()
-procs = [
-    str(pid)
-    for pid in pids()
-    if f"E2E_RUN_DIR={run_dir}".encode() in (read_proc(pid, "environ") or b"")
-    or run_dir.encode() in (read_proc(pid, "cmdline") or b"")
-]
-ports = sorted(listening_ports() & ours)
-print(f"procs={' '.join(procs)} ports={' '.join(map(str, ports))}")
-PY
-) || left="check failed"
-  echo "e2e: after cleanup: $left"
-  case "$left" in
-    "procs= ports=") ;;
-    *) echo "e2e: FAIL: processes or listening ports left behind"; [ "$rc" = 0 ] && rc=1 ;;
-  esac
   echo "e2e: wall time $(( $(date +%s) - START ))s, exit $rc"
   exit "$rc"
 }

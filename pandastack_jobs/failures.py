@@ -47,18 +47,34 @@ def capacity_retry_after(message: str) -> float | None:
     return FALLBACK_RETRY_AFTER
 
 
+# Exception types whose kind does not depend on the step or the message, checked in this order
+# (subclasses before their bases): the first table before, the second after, the step-dependent
+# and message-dependent cases in between.
+_KindTable = tuple[tuple[type[BaseException], FailureKind], ...]
+_KIND_FIRST: _KindTable = (
+    (pandastack.CreateCancelled, FailureKind.CANCELLED),
+    (pandastack.AuthError, FailureKind.AUTH),
+    (pandastack.SandboxTimeout, FailureKind.TIMEOUT),
+    (pandastack.ExecInterrupted, FailureKind.SANDBOX_LOST),
+)
+_KIND_LAST: _KindTable = (
+    (pandastack.BadRequestError, FailureKind.BAD_REQUEST),
+    (pandastack.ServerError, FailureKind.SERVER_ERROR),
+    (pandastack.PandastackError, FailureKind.SERVER_ERROR),
+)
+
+
+def _by_type(exc: BaseException, table: _KindTable) -> FailureKind | None:
+    return next((kind for types, kind in table if isinstance(exc, types)), None)
+
+
 def kind_for_error(exc: BaseException, step: str) -> FailureKind | None:
     """The failure kind of an exception raised during ``step``; None for unknown errors (bugs)."""
     if isinstance(exc, StepError):
         return exc.kind
-    if isinstance(exc, pandastack.CreateCancelled):
-        return FailureKind.CANCELLED
-    if isinstance(exc, pandastack.AuthError):
-        return FailureKind.AUTH
-    if isinstance(exc, pandastack.SandboxTimeout):
-        return FailureKind.TIMEOUT
-    if isinstance(exc, pandastack.ExecInterrupted):
-        return FailureKind.SANDBOX_LOST
+    kind = _by_type(exc, _KIND_FIRST)
+    if kind is not None:
+        return kind
     if isinstance(exc, pandastack.APIConnectionError):
         return FailureKind.CONNECTION if step == "create" else FailureKind.SANDBOX_LOST
     if isinstance(exc, requests.RequestException):
@@ -72,13 +88,7 @@ def kind_for_error(exc: BaseException, step: str) -> FailureKind | None:
             return FailureKind.UNKNOWN_TEMPLATE
     if isinstance(exc, pandastack.NotFoundError):
         return FailureKind.BAD_REQUEST if step == "create" else FailureKind.SANDBOX_LOST
-    if isinstance(exc, pandastack.BadRequestError):
-        return FailureKind.BAD_REQUEST
-    if isinstance(exc, pandastack.ServerError):
-        return FailureKind.SERVER_ERROR
-    if isinstance(exc, pandastack.PandastackError):
-        return FailureKind.SERVER_ERROR
-    return None
+    return _by_type(exc, _KIND_LAST)
 
 
 def describe_exit(exit_code: int) -> str:

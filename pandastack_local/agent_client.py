@@ -226,15 +226,27 @@ class Connection:
         while True:
             kind, payload = await self.frame()
             if kind == JSON:
-                try:
-                    reply = json.loads(payload)
-                except (ValueError, RecursionError):
-                    raise AgentUnavailable("sandbox agent sent a reply that is not JSON") from None
-                if not isinstance(reply, dict):
-                    raise AgentUnavailable("sandbox agent sent a reply that is not a JSON object")
-                yield kind, reply
+                yield kind, decoded(payload, dict, "a reply", "a JSON object")
                 return
             yield kind, payload
+
+    async def data(
+        self,
+        max_bytes: int,
+        over: Callable[[], Exception],
+        failed: Callable[[AgentError], Exception] = lambda e: e,
+    ) -> bytes:
+        """The answer's DATA frames joined, counted here whatever answers: past ``max_bytes`` the
+        exception ``over()`` is raised, and an error reply raises ``failed(its AgentError)``."""
+        data = bytearray()
+        async for kind, payload in self.frames():
+            if kind == DATA:
+                data += payload
+                if len(data) > max_bytes:
+                    raise over()
+            elif kind == JSON and "error" in payload:
+                raise failed(AgentError(payload))
+        return bytes(data)
 
     async def result(self) -> dict[str, Any]:
         async for kind, payload in self.frames():
@@ -258,6 +270,17 @@ async def call(
         conn.close()
 
 
+def decoded(data: bytes, kind: type, what: str, kind_name: str) -> Any:
+    """``data`` parsed as JSON of type ``kind``: what the agent sends is checked like any input."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        raise AgentUnavailable(f"sandbox agent sent {what} that is not JSON") from None
+    if not isinstance(value, kind):
+        raise AgentUnavailable(f"sandbox agent sent {what} that is not {kind_name}")
+    return value
+
+
 def over_cap(message: str) -> AgentError:
     return AgentError({"error": message, "errno": TOO_BIG})
 
@@ -268,20 +291,12 @@ async def read_file(
     """A whole regular file, at most ``max_bytes``: the agent refuses more, and the count here
     holds even if what answers on the socket does not."""
     conn = await Connection.open(socket_path, {"op": "read", "path": path, "max_bytes": max_bytes}, watch)
-    chunks: list[bytes] = []
-    received = 0
     try:
-        async for kind, payload in conn.frames():
-            if kind == DATA:
-                received += len(payload)
-                if received > max_bytes:
-                    raise over_cap(f"read {path}: file is over the {max_bytes}-byte read cap")
-                chunks.append(payload)
-            elif kind == JSON and "error" in payload:
-                raise AgentError(payload)
+        return await conn.data(
+            max_bytes, lambda: over_cap(f"read {path}: file is over the {max_bytes}-byte read cap")
+        )
     finally:
         conn.close()
-    return b"".join(chunks)
 
 
 async def list_dir(
@@ -290,24 +305,13 @@ async def list_dir(
     """A directory's entries (parsed JSON, for the caller to check), at most ``max_bytes`` of
     listing: the agent refuses more, and the count here holds whatever answers."""
     conn = await Connection.open(socket_path, {"op": "list", "path": path, "max_bytes": max_bytes}, watch)
-    data = bytearray()
     try:
-        async for kind, payload in conn.frames():
-            if kind == DATA:
-                data += payload
-                if len(data) > max_bytes:
-                    raise over_cap(f"list {path}: the listing is over the {max_bytes}-byte cap")
-            elif kind == JSON and "error" in payload:
-                raise AgentError(payload)
+        data = await conn.data(
+            max_bytes, lambda: over_cap(f"list {path}: the listing is over the {max_bytes}-byte cap")
+        )
     finally:
         conn.close()
-    try:
-        entries = json.loads(data)
-    except (ValueError, RecursionError):
-        raise AgentUnavailable("sandbox agent sent a listing that is not JSON") from None
-    if not isinstance(entries, list):
-        raise AgentUnavailable("sandbox agent sent a listing that is not a list")
-    return entries
+    return decoded(data, list, "a listing", "a list")
 
 
 async def write_file(socket_path: Path, path: str, data: bytes, watch: Watch | None = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ ERROR = {"$ref": "#/components/schemas/Error"}
 INT = {"type": "integer"}
 STR = {"type": "string"}
 BOOL = {"type": "boolean"}
+BINARY = {"type": "string", "format": "binary"}
 
 
 def obj(required: list[str], **props: Any) -> dict[str, Any]:
@@ -69,6 +70,28 @@ SCHEMAS: dict[str, Any] = {
     ),
 }
 ENTRY = {"$ref": "#/components/schemas/FsEntry"}
+LIFECYCLE = {"$ref": "#/components/schemas/Lifecycle"}
+# Code contexts' answers: a context, a cell's run, a one-shot snippet's run.
+CONTEXT = obj(
+    ["id", "sandbox_id", "language", "created_at"], id=STR, sandbox_id=STR, language=STR, created_at=STR
+)
+CELL = obj(
+    ["stdout", "stderr", "exit"],
+    stdout=STR,
+    stderr=STR,
+    exit=INT,
+    results={"type": "array"},
+    error={"type": ["string", "null"]},
+    duration_ms=INT,
+)
+SNIPPET = obj(
+    ["language", "stdout", "stderr", "exit_code"],
+    language=STR,
+    stdout=STR,
+    stderr=STR,
+    exit_code=INT,
+    duration_ms=INT,
+)
 # Request bodies, as JSON Schema: what the route accepts (other fields are ignored).
 NO_NUL = "^[^\\u0000]*$"
 BODIES: dict[str, dict[str, Any]] = {
@@ -134,7 +157,9 @@ AGENT_500 = {
     "PandaStack answers these 500 too"
 }
 PAUSED = {409: "the sandbox is paused"}
+EXEC_429 = {429: "the sandbox runs as many execs as its template allows (Retry-After)"}
 CAPACITY_503 = {503: "no capacity now (Retry-After): sandboxes, or a template still being built"}
+MEMORY_507 = {507: "the memory budget is spent (Retry-After)"}
 
 
 def op(
@@ -165,11 +190,48 @@ def op(
     if raw_body:
         out["requestBody"] = {
             "required": True,
-            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "content": {"application/octet-stream": {"schema": BINARY}},
         }
     if query:
         out["parameters"] = query
     return out
+
+
+def sandbox_op(
+    summary: str,
+    ok: tuple[int, str, Any],
+    *codes: dict[int, str],
+    not_found: dict[int, str] = SANDBOX_404,
+    **kw: Any,
+) -> dict[str, Any]:
+    """A route of one sandbox: 401 and 404 (no such sandbox, or what ``not_found`` says) come first."""
+    return op(summary, ok, AUTH, not_found, *codes, **kw)
+
+
+def fs_op(
+    summary: str, ok: tuple[int, str, Any], *codes: dict[int, str], required: bool = True, **kw: Any
+) -> dict[str, Any]:
+    """A file-system route: a sandbox's, with the ``path`` query parameter."""
+    return sandbox_op(summary, ok, *codes, query=path_param(required), **kw)
+
+
+def fork_op(summary: str, description: str, schema: dict[str, Any], not_running: str) -> dict[str, Any]:
+    """A fork route: fork and fork-tree differ only in what they answer with."""
+    return sandbox_op(
+        summary,
+        (201, description, schema),
+        BAD_JSON,
+        TOO_LARGE,
+        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
+        {500: not_running},
+        CAPACITY_503,
+        MEMORY_507,
+        body="fork",
+    )
+
+
+def array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
 
 
 def path_param(required: bool) -> list[dict[str, Any]]:
@@ -190,6 +252,7 @@ FS_OS = {
     507: "the sandbox's disk is full",
 }
 CONTEXT_429 = {429: "the sandbox has as many code contexts as allowed (Retry-After)"}
+CONTEXT_404 = {404: "no such sandbox or context"}
 PATH_400 = {
     400: "missing, relative or '..' path, a file the read refuses (not regular, over the cap), or another "
     "OS refusal named in the error (ENOTDIR, EIO, ...)"
@@ -215,195 +278,136 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         },
         {501: "from_snapshot or volumes (not supported here)"},
         CAPACITY_503,
-        {507: "the memory budget is spent (Retry-After)"},
+        MEMORY_507,
         body="create",
     ),
-    ("get", "/v1/sandboxes"): op(
-        "list sandboxes", (200, "a bare array", {"type": "array", "items": SANDBOX}), AUTH
-    ),
-    ("get", SB): op("get a sandbox", (200, "the sandbox", SANDBOX), AUTH, SANDBOX_404),
-    ("delete", SB): op("delete a sandbox", (204, "deleted", None), AUTH, SANDBOX_404),
-    ("get", "/v1/templates"): op(
-        "list templates", (200, "templates", {"type": "array", "items": {"type": "object"}}), AUTH
-    ),
+    ("get", "/v1/sandboxes"): op("list sandboxes", (200, "a bare array", array(SANDBOX)), AUTH),
+    ("get", SB): sandbox_op("get a sandbox", (200, "the sandbox", SANDBOX)),
+    ("delete", SB): sandbox_op("delete a sandbox", (204, "deleted", None)),
+    ("get", "/v1/templates"): op("list templates", (200, "templates", array({"type": "object"})), AUTH),
     ("get", "/v1/templates/{name}"): op(
         "get a template", (200, "the template", {"type": "object"}), AUTH, {404: "no such template"}
     ),
     ("get", "/v1/me"): op("who the key is", (200, "the key's owner", {"type": "object"}), AUTH),
-    ("post", f"{SB}/exec"): op(
+    ("post", f"{SB}/exec"): sandbox_op(
         "run a command, answered whole",
         (
             200,
             "its output (each stream's first 1 MiB) and exit code",
             {"$ref": "#/components/schemas/ExecResult"},
         ),
-        AUTH,
-        SANDBOX_404,
         BAD_JSON,
         TOO_LARGE,
         PAUSED,
-        {429: "the sandbox runs as many execs as its template allows (Retry-After)"},
+        EXEC_429,
         {499: "the client went away before the answer (nobody reads this)"},
         {500: "the command's timeout (the text says `timeout`), or the sandbox is not running (P)"},
         body="exec",
     ),
-    ("post", f"{SB}/exec/stream"): op(
+    ("post", f"{SB}/exec/stream"): sandbox_op(
         "run a command, streamed (SSE)",
         (
             200,
             "events: stdout/stderr {chunk}, then exit {exit_code} or error {error}",
             {"media": "text/event-stream", "schema": {"type": "object"}},
         ),
-        AUTH,
-        SANDBOX_404,
         BAD_JSON,
         TOO_LARGE,
         PAUSED,
-        {429: "the sandbox runs as many execs as its template allows (Retry-After)"},
+        EXEC_429,
         AGENT_500,
         {503: "the server's budget for slow stream readers is spent (Retry-After)"},
         body="exec",
     ),
-    ("get", f"{SB}/fs"): op(
+    ("get", f"{SB}/fs"): fs_op(
         "read a file",
         (
             200,
             "its bytes",
-            {"media": "application/octet-stream", "schema": {"type": "string", "format": "binary"}},
+            {"media": "application/octet-stream", "schema": BINARY},
         ),
-        AUTH,
-        SANDBOX_404,
         PATH_400,
         FS_OS,
         {500: "no such file (P: PandaStack's 500 `No such file or directory`), or another OS error"},
-        query=path_param(True),
     ),
-    ("put", f"{SB}/fs"): op(
+    ("put", f"{SB}/fs"): fs_op(
         "write a file (parents created)",
         (200, "written", obj(["path", "bytes"], path=STR, bytes=INT)),
-        AUTH,
-        SANDBOX_404,
         PATH_400,
         TOO_LARGE,
         PAUSED,
         AGENT_500,
         FS_OS,
-        query=path_param(True),
         raw_body=True,
     ),
-    ("get", f"{SB}/fs/dir"): op(
+    ("get", f"{SB}/fs/dir"): fs_op(
         "list a directory (no path: /)",
-        (200, "its entries", obj(["path", "entries"], path=STR, entries={"type": "array", "items": ENTRY})),
-        AUTH,
-        SANDBOX_404,
+        (200, "its entries", obj(["path", "entries"], path=STR, entries=array(ENTRY))),
         PATH_400,
         FS_OS,
         AGENT_500,
-        query=path_param(False),
+        required=False,
     ),
-    ("get", f"{SB}/fs/stat"): op(
+    ("get", f"{SB}/fs/stat"): fs_op(
         "stat a path (follows a symlink)",
         (200, "one entry", ENTRY),
-        AUTH,
-        {404: "no such sandbox, or no such file (`file does not exist`)"},
         PATH_400,
         FS_OS,
         AGENT_500,
-        query=path_param(True),
+        not_found={404: "no such sandbox, or no such file (`file does not exist`)"},
     ),
-    ("delete", f"{SB}/fs"): op(
+    ("delete", f"{SB}/fs"): fs_op(
         "delete a path",
         (204, "deleted", None),
-        AUTH,
-        SANDBOX_404,
         {400: "missing or relative path, or the sandbox's root"},
         PAUSED,
         AGENT_500,
         FS_OS,
-        query=path_param(True),
     ),
-    ("get", f"{SB}/lifecycle"): op(
-        "TTL and persistence", (200, "now", {"$ref": "#/components/schemas/Lifecycle"}), AUTH, SANDBOX_404
-    ),
-    ("patch", f"{SB}/lifecycle"): op(
+    ("get", f"{SB}/lifecycle"): sandbox_op("TTL and persistence", (200, "now", LIFECYCLE)),
+    ("patch", f"{SB}/lifecycle"): sandbox_op(
         "set the idle TTL (at least 1 s) or persistence",
-        (200, "now", {"$ref": "#/components/schemas/Lifecycle"}),
-        AUTH,
-        SANDBOX_404,
+        (200, "now", LIFECYCLE),
         {400: "malformed JSON, a field of the wrong type, or ttl_seconds 0 (set persistent)"},
         TOO_LARGE,
         body="lifecycle",
     ),
-    ("post", f"{SB}/pause"): op("pause", (204, "paused", None), AUTH, SANDBOX_404, AGENT_500),
-    ("post", f"{SB}/resume"): op("resume", (204, "running", None), AUTH, SANDBOX_404, AGENT_500),
-    ("get", f"{SB}/logs"): op(
-        "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR}), AUTH, SANDBOX_404
+    ("post", f"{SB}/pause"): sandbox_op("pause", (204, "paused", None), AGENT_500),
+    ("post", f"{SB}/resume"): sandbox_op("resume", (204, "running", None), AGENT_500),
+    ("get", f"{SB}/logs"): sandbox_op(
+        "the sandbox log", (200, "text", {"media": "text/plain", "schema": STR})
     ),
-    ("post", f"{SB}/fork"): op(
+    ("post", f"{SB}/fork"): fork_op(
         "fork (bwrap: a cold fork, the disk copied, memory_copied false and why; gVisor: memory too)",
-        (
-            201,
-            "the children's ids",
-            obj(
-                ["parent_id", "children"],
-                parent_id=STR,
-                snapshot_id=STR,
-                children={"type": "array", "items": STR},
-                at=STR,
-                memory_copied=BOOL,
-                why=STR,
-            ),
+        "the children's ids",
+        obj(
+            ["parent_id", "children"],
+            parent_id=STR,
+            snapshot_id=STR,
+            children=array(STR),
+            at=STR,
+            memory_copied=BOOL,
+            why=STR,
         ),
-        AUTH,
-        SANDBOX_404,
-        BAD_JSON,
-        TOO_LARGE,
-        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
-        {500: "the parent is not running (P: `parent sandbox not found or not running`), or the fork failed"},
-        CAPACITY_503,
-        {507: "the memory budget is spent (Retry-After)"},
-        body="fork",
+        "the parent is not running (P: `parent sandbox not found or not running`), or the fork failed",
     ),
-    ("post", f"{SB}/fork-tree"): op(
+    ("post", f"{SB}/fork-tree"): fork_op(
         "fork into count children (default 2)",
-        (
-            201,
-            "the children",
-            obj(
-                ["parent_id", "children"],
-                tree_id=STR,
-                parent_id=STR,
-                snapshot_id=STR,
-                children={"type": "array", "items": SANDBOX},
-                memory_copied=BOOL,
-                why=STR,
-            ),
+        "the children",
+        obj(
+            ["parent_id", "children"],
+            tree_id=STR,
+            parent_id=STR,
+            snapshot_id=STR,
+            children=array(SANDBOX),
+            memory_copied=BOOL,
+            why=STR,
         ),
-        AUTH,
-        SANDBOX_404,
-        BAD_JSON,
-        TOO_LARGE,
-        {409: "the parent's disk is over the fork copy cap, it is busy, or require_memory under bwrap"},
-        {500: "the parent is not running (P), or the fork failed"},
-        CAPACITY_503,
-        {507: "the memory budget is spent (Retry-After)"},
-        body="fork",
+        "the parent is not running (P), or the fork failed",
     ),
-    ("post", f"{SB}/repl/sessions"): op(
+    ("post", f"{SB}/repl/sessions"): sandbox_op(
         "open a code context (python)",
-        (
-            201,
-            "the context",
-            obj(
-                ["id", "sandbox_id", "language", "created_at"],
-                id=STR,
-                sandbox_id=STR,
-                language=STR,
-                created_at=STR,
-            ),
-        ),
-        AUTH,
-        SANDBOX_404,
+        (201, "the context", CONTEXT),
         BAD_JSON,
         TOO_LARGE,
         PAUSED,
@@ -411,82 +415,51 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         AGENT_500,
         body="context",
     ),
-    ("get", f"{SB}/repl/sessions"): op(
+    ("get", f"{SB}/repl/sessions"): sandbox_op(
         "list code contexts",
-        (200, "contexts", {"type": "array", "items": {"type": "object"}}),
-        AUTH,
-        SANDBOX_404,
+        (200, "contexts", array({"type": "object"})),
         PAUSED,
         CONTEXT_429,
         AGENT_500,
     ),
-    ("delete", f"{SB}/repl/sessions/{{context_id}}"): op(
+    ("delete", f"{SB}/repl/sessions/{{context_id}}"): sandbox_op(
         "close a code context",
         (204, "closed", None),
-        AUTH,
-        {404: "no such sandbox or context"},
         PAUSED,
         CONTEXT_429,
         AGENT_500,
+        not_found=CONTEXT_404,
     ),
-    ("post", f"{SB}/repl/sessions/{{context_id}}/run"): op(
+    ("post", f"{SB}/repl/sessions/{{context_id}}/run"): sandbox_op(
         "run code in a context",
-        (
-            200,
-            "its output and results",
-            obj(
-                ["stdout", "stderr", "exit"],
-                stdout=STR,
-                stderr=STR,
-                exit=INT,
-                results={"type": "array"},
-                error={"type": ["string", "null"]},
-                duration_ms=INT,
-            ),
-        ),
-        AUTH,
-        {404: "no such sandbox or context"},
+        (200, "its output and results", CELL),
         BAD_JSON,
         TOO_LARGE,
         PAUSED,
-        {429: "the sandbox runs as many execs as its template allows (Retry-After)"},
+        EXEC_429,
         {499: "the client went away before the answer: the cell is interrupted (nobody reads this)"},
         {
             500: "cell timeout (P: PandaStack's 500 `cell timeout`), the context died, or the sandbox "
             "is not running"
         },
         body="run",
+        not_found=CONTEXT_404,
     ),
-    ("post", f"{SB}/repl"): op(
+    ("post", f"{SB}/repl"): sandbox_op(
         "run a snippet once (fresh interpreter)",
-        (
-            200,
-            "its output",
-            obj(
-                ["language", "stdout", "stderr", "exit_code"],
-                language=STR,
-                stdout=STR,
-                stderr=STR,
-                exit_code=INT,
-                duration_ms=INT,
-            ),
-        ),
-        AUTH,
-        SANDBOX_404,
+        (200, "its output", SNIPPET),
         {
             400: "malformed JSON, an unsupported language, or code holding the heredoc delimiter (as "
             "on PandaStack)"
         },
         TOO_LARGE,
         PAUSED,
-        {429: "the sandbox runs as many execs as its template allows (Retry-After)"},
+        EXEC_429,
         {499: "the client went away before the answer"},
         AGENT_500,
         body="snippet",
     ),
-    ("get", "/v1/repl/languages"): op(
-        "one-shot languages", (200, "names", {"type": "array", "items": STR}), AUTH
-    ),
+    ("get", "/v1/repl/languages"): op("one-shot languages", (200, "names", array(STR)), AUTH),
 }
 # Every route also answers these, before any route code runs (api/connections.py).
 CONNECTION = {

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -75,6 +77,23 @@ def _executor() -> Any:
     return executor
 
 
+@contextmanager
+def _running_executor() -> Iterator[Any]:
+    """A started executor, ended however the test leaves."""
+    executor = _executor()
+    try:
+        yield executor
+    finally:
+        executor.end()
+
+
+def _final_event(executor: Any, workload: Any) -> tuple[Any, Any]:
+    """Queue ``workload`` as the scheduler does and heartbeat until its final event."""
+    executor.queue_workload(workload, session=None)
+    executor.heartbeat()
+    return _until_event(executor, workload.ti.key)
+
+
 def _until_event(executor: Any, key: Any, limit: float = 90) -> tuple[Any, Any]:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -94,12 +113,9 @@ def _log_records(folder: Path, workload: Any) -> list[dict[str, Any]]:
 def test_failed_try_reports_exit_code_and_last_lines_in_the_task_log(
     executor_env: Path, local_server: Any
 ) -> None:
-    executor = _executor()
     workload = _workload()
-    try:
-        executor.queue_workload(workload, session=None)
-        executor.heartbeat()
-        state, info = _until_event(executor, workload.ti.key)
+    with _running_executor() as executor:
+        state, info = _final_event(executor, workload)
         assert str(state) == "failed"
         assert "exit code 1" in info
         events = [r["event"] for r in _log_records(executor_env, workload)]
@@ -107,8 +123,6 @@ def test_failed_try_reports_exit_code_and_last_lines_in_the_task_log(
         assert any("No module named" in e for e in events), events  # the sandbox's own last lines
         assert local_server.client().sandboxes.list() == []
         assert workload.ti.key not in executor.running
-    finally:
-        executor.end()
 
 
 def test_the_handle_is_persisted_through_the_running_event(executor_env: Path, local_server: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.airflow.test_airflow_executor import _executor, _log_records, _until_event, _workload
+from tests.airflow.test_airflow_executor import _final_event, _log_records, _running_executor, _workload
 from tests.support.dagtest import connection_env
 
 CONNECT = """#!/usr/bin/python3
@@ -36,16 +36,11 @@ def executor_env(airflow_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, t
 
 
 def _failed_try(executor_env: Path) -> tuple[str, list[str]]:
-    executor = _executor()
     workload = _workload()
-    try:
-        executor.queue_workload(workload, session=None)
-        executor.heartbeat()
-        state, info = _until_event(executor, workload.ti.key)
-        assert str(state) == "failed"
-        return info, [r["event"] for r in _log_records(executor_env, workload)]
-    finally:
-        executor.end()
+    with _running_executor() as executor:
+        state, info = _final_event(executor, workload)
+    assert str(state) == "failed"
+    return info, [r["event"] for r in _log_records(executor_env, workload)]
 
 
 def test_missing_interpreter_names_template_and_python(executor_env, local_server, monkeypatch) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from pandastack_local import LocalServer
 from pandastack_local.isolation.egress import EgressError, parse_rule, parse_rules
+from tests.support.listener import Listener
 
 PROBE = """
 import socket, sys
@@ -30,32 +30,19 @@ print("ANSWER", got[:20].decode(), len(got))
 """
 
 
-class EchoServer:
+class EchoServer(Listener):
     """A host TCP server that answers ``<tag>:`` followed by everything it received."""
 
     def __init__(self, host: str, tag: str) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, 0))
-        self.sock.listen(16)
-        self.port = int(self.sock.getsockname()[1])
         self.tag = tag.encode()
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(host)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while chunk := conn.recv(65536):
-                    data += chunk
-                conn.sendall(self.tag + b":" + data)
-
-    def close(self) -> None:
-        self.sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+            conn.sendall(self.tag + b":" + data)
 
 
 def host_address() -> str | None:

@@ -36,42 +36,17 @@ chmod 755 "$RUN_DIR"
 export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
 echo "test-queue: run directory (broker logs and data) $RUN_DIR"
 
+# shellcheck source=../../scripts/run-dir.sh
+. "$REPO/scripts/run-dir.sh"
 cleanup() {
   rc=$?
   trap - EXIT INT TERM
   cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
-  while read -r pgid name; do
-    if kill -0 -- "-$pgid" 2>/dev/null; then
-      echo "test-queue: cleanup: killing leftover process group $pgid ($name)"
-      kill -TERM -- "-$pgid" 2>/dev/null || true
-    fi
-  done <"$RUN_DIR/all-pgids"
-  sleep 1
-  while read -r pgid _; do kill -KILL -- "-$pgid" 2>/dev/null || true; done <"$RUN_DIR/all-pgids"
-  left=$("$AF/bin/python" - "$RUN_DIR" <<'PY'
-import os, sys
-from pandastack_local.testing.procs import listening_ports, pids, read_proc
-run_dir = sys.argv[1]
-try:
-    ours = {int(p) for p in open(os.path.join(run_dir, "ports")).read().split()}
-except OSError:
-    ours = set()
-procs = [
-    str(pid)
-    for pid in pids()
-    if f"E2E_RUN_DIR={run_dir}".encode() in (read_proc(pid, "environ") or b"")
-    or run_dir.encode() in (read_proc(pid, "cmdline") or b"")
-]
-procs = [p for p in procs if int(p) != os.getppid()]
-ports = sorted(listening_ports() & ours)
-print(f"procs={' '.join(procs)} ports={' '.join(map(str, ports))}")
-PY
-) || left="check failed"
-  echo "test-queue: after cleanup: $left"
-  case "$left" in
-    "procs= ports=") rm -rf "$RUN_DIR" ;;
-    *) echo "test-queue: FAIL: processes or listening ports left behind"; [ "$rc" = 0 ] && rc=1 ;;
-  esac
+  if reap_run_dir test-queue "$AF/bin/python" "$RUN_DIR" "$RUN_DIR/all-pgids" 1; then
+    rm -rf "$RUN_DIR"
+  elif [ "$rc" = 0 ]; then
+    rc=1
+  fi
   echo "test-queue: wall time $(( $(date +%s) - START ))s, exit $rc"
   exit "$rc"
 }

@@ -23,12 +23,20 @@ from tests.support.server import fail_on_leftovers, write_template
 SMALL = {"name": "small", "cpu": 1, "memory_mb": 256, "disk_mb": 64, "pids_max": 64, "nofile": 256}
 
 
+@contextlib.contextmanager
+def private_server(factory: pytest.TempPathFactory, **template: Any) -> Iterator[LocalServer]:
+    """A private server (warm pool off: every sandbox is a fresh start) with one template of its own."""
+    base = factory.mktemp(f"{template['name']}-templates")
+    with LocalServer(
+        template_dirs=[str(write_template(base / template["name"], **template))], pool_size=0
+    ) as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def security_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    """A private server (warm pool off: every sandbox is a fresh start) with the small template."""
-    base = tmp_path_factory.mktemp("security-templates")
-    small = str(write_template(base / "small", **SMALL))
-    with LocalServer(template_dirs=[small], pool_size=0) as server:
+    """The suite's server, with the small template."""
+    with private_server(tmp_path_factory, **SMALL) as server:
         yield server
 
 

@@ -24,7 +24,8 @@ import pandastack
 import pytest
 
 from pandastack_local import LocalServer
-from tests.support.server import GVISOR, fail_on_leftovers, write_template
+from tests.security.conftest import private_server
+from tests.support.server import GVISOR, fail_on_leftovers
 
 FLOOD_TEMPLATE = {"name": "flood", "cpu": 1, "memory_mb": 128, "disk_mb": 32, "pids_max": 64, "nofile": 256}
 MIB = 1024 * 1024
@@ -190,9 +191,7 @@ class HostMemory:
 
 @pytest.fixture(scope="module")
 def flood_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    base = tmp_path_factory.mktemp("kernel-resources")
-    flood = str(write_template(base / "flood", **FLOOD_TEMPLATE))
-    with LocalServer(template_dirs=[flood], pool_size=0) as server:
+    with private_server(tmp_path_factory, **FLOOD_TEMPLATE) as server:
         yield server
 
 

@@ -25,6 +25,7 @@ import pytest
 from pandastack_local import LocalServer, agent_client
 from pandastack_local.testing.procs import descendants
 from tests.security.conftest import SMALL
+from tests.support.listener import Listener
 from tests.support.server import GVISOR, fail_on_leftovers, write_template
 
 # The agent's silence deadline (agent_client.AGENT_SILENCE_SECONDS; 10 s before it existed).
@@ -543,17 +544,32 @@ def _context_pid(http: httpx.Client, sid: str, cid: str) -> int:
     return int(r.json()["stdout"])
 
 
-def test_a_code_context_cannot_read_another_contexts_memory(
-    http: httpx.Client, make_sandbox: Callable[..., str]
-) -> None:
+@pytest.fixture
+def two_contexts(http: httpx.Client, make_sandbox: Callable[..., str]) -> tuple[str, str, str]:
+    """A fresh sandbox with two code contexts: (sandbox id, victim, attacker)."""
     sid = make_sandbox()
-    victim, attacker = open_context(http, sid), open_context(http, sid)
+    return sid, open_context(http, sid), open_context(http, sid)
+
+
+def attack(
+    http: httpx.Client, contexts: tuple[str, str, str], script: str, secret: str = "", **run: Any
+) -> Any:
+    """``script`` (given the victim's ``{pid}`` and ``{secret}``) run in the attacker context: the
+    JSON it prints."""
+    sid, victim, attacker = contexts
+    pid = _context_pid(http, sid, victim)
+    r = run_code(http, sid, attacker, script.format(pid=pid, secret=secret), **run)
+    assert r.status_code == 200, r.text
+    return json.loads(r.json()["stdout"])
+
+
+def test_a_code_context_cannot_read_another_contexts_memory(
+    http: httpx.Client, two_contexts: tuple[str, str, str]
+) -> None:
+    sid, victim, _ = two_contexts
     secret = "S3CR3T-" + os.urandom(8).hex()
     assert run_code(http, sid, victim, f"secret = {secret!r}").status_code == 200
-    pid = _context_pid(http, sid, victim)
-    r = run_code(http, sid, attacker, READ_OTHER.format(pid=pid, secret=secret), timeout_ms=60_000)
-    assert r.status_code == 200, r.text
-    report = json.loads(r.json()["stdout"])
+    report = attack(http, two_contexts, READ_OTHER, secret=secret, timeout_ms=60_000)
     assert "secret found" not in report["mem"], report
     assert str(report["mem"]).startswith("refused") or "not found" in report["mem"], report
     assert report["fds"] == [], report
@@ -562,14 +578,10 @@ def test_a_code_context_cannot_read_another_contexts_memory(
 
 
 def test_a_code_context_cannot_forge_another_contexts_reply(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    http: httpx.Client, two_contexts: tuple[str, str, str]
 ) -> None:
-    sid = make_sandbox()
-    victim, attacker = open_context(http, sid), open_context(http, sid)
-    pid = _context_pid(http, sid, victim)
-    r = run_code(http, sid, attacker, FORGE_OTHER.format(pid=pid))
-    assert r.status_code == 200, r.text
-    forged = json.loads(r.json()["stdout"])
+    sid, victim, _ = two_contexts
+    forged = attack(http, two_contexts, FORGE_OTHER)
     answer = run_code(http, sid, victim, "6 * 7")
     assert answer.status_code == 200 and answer.json()["stdout"] == "42\n", (forged, answer.text)
     assert "FORGED" not in answer.text
@@ -626,16 +638,11 @@ print(json.dumps(out))
 )
 @pytest.mark.skipif(not GVISOR and _landlock_abi() < 6, reason="Landlock signal scoping needs Linux 6.12+")
 def test_a_code_context_cannot_signal_the_agent_its_supervisor_or_another_context(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    http: httpx.Client, two_contexts: tuple[str, str, str]
 ) -> None:
     """So code in a context cannot stop the agent (crossing 11 from a context) or kill its
     supervisor (which would let what it started escape close) or another context."""
-    sid = make_sandbox()
-    victim, attacker = open_context(http, sid), open_context(http, sid)
-    pid = _context_pid(http, sid, victim)
-    r = run_code(http, sid, attacker, SIGNAL_OTHERS.format(pid=pid))
-    assert r.status_code == 200, r.text
-    report = json.loads(r.json()["stdout"])
+    report = attack(http, two_contexts, SIGNAL_OTHERS)
     assert report == dict.fromkeys(("agent", "supervisor", "other context"), "Operation not permitted"), (
         report
     )
@@ -655,19 +662,28 @@ def sleepers(http: httpx.Client, sid: str, settle: float = 0) -> list[str]:
         time.sleep(0.2)
 
 
-def test_closing_a_code_context_kills_what_it_started_even_after_setsid(
-    http: httpx.Client, make_sandbox: Callable[..., str]
-) -> None:
+# Four marker sleeps that leave the context's process group: setsid, a double fork, a new session.
+ESCAPED_SLEEPERS = """
+import subprocess, os, time
+subprocess.Popen(['setsid', 'sleep', '1001'])
+os.system("setsid sh -c 'sleep 1002 & sleep 1003' >/dev/null 2>&1 &")
+subprocess.Popen(['sh', '-c', 'sleep 1004 &'], start_new_session=True).wait()
+time.sleep(0.5)
+"""
+
+
+@pytest.fixture
+def context(http: httpx.Client, make_sandbox: Callable[..., str]) -> tuple[str, str]:
+    """A fresh sandbox with one code context open: (sandbox id, context id)."""
     sid = make_sandbox()
-    cid = open_context(http, sid)
-    code = (
-        "import subprocess, os, time\n"
-        "subprocess.Popen(['setsid', 'sleep', '1001'])\n"
-        "os.system(\"setsid sh -c 'sleep 1002 & sleep 1003' >/dev/null 2>&1 &\")\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 1004 &'], start_new_session=True).wait()\n"
-        "time.sleep(0.5)"
-    )
-    assert run_code(http, sid, cid, code).status_code == 200
+    return sid, open_context(http, sid)
+
+
+def test_closing_a_code_context_kills_what_it_started_even_after_setsid(
+    http: httpx.Client, context: tuple[str, str]
+) -> None:
+    sid, cid = context
+    assert run_code(http, sid, cid, ESCAPED_SLEEPERS).status_code == 200
     before = sleepers(http, sid)
     assert len(before) == 4, before
     assert http.delete(f"/v1/sandboxes/{sid}/repl/sessions/{cid}").status_code == 204
@@ -676,10 +692,9 @@ def test_closing_a_code_context_kills_what_it_started_even_after_setsid(
 
 
 def test_a_context_whose_python_dies_leaves_nothing_behind(
-    http: httpx.Client, make_sandbox: Callable[..., str]
+    http: httpx.Client, context: tuple[str, str]
 ) -> None:
-    sid = make_sandbox()
-    cid = open_context(http, sid)
+    sid, cid = context
     code = (
         "import os, subprocess, time\n"
         "subprocess.Popen(['setsid', 'sleep', '1005'])\n"
@@ -724,29 +739,20 @@ print(json.dumps({"connected": len(socks), "refused": refused, "closed": closed,
 """
 
 
-class HoldServer:
+class HoldServer(Listener):
     """A host TCP listener that accepts and holds every connection, counting them."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(512)
-        self.port = int(self.sock.getsockname()[1])
         self.conns: list[socket.socket] = []
         self.peak = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(backlog=512)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            self.peak = max(self.peak, len(self.conns))
+    def handle(self, conn: socket.socket) -> None:
+        self.conns.append(conn)
+        self.peak = max(self.peak, len(self.conns))
 
     def close(self) -> None:
-        self.sock.close()
+        super().close()
         for conn in self.conns:
             conn.close()
 

@@ -22,7 +22,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from pandastack_local import agent_client
-from pandastack_local.guest.agent import DATA
 from pandastack_local.limits import (
     MAX_CODE_CONTEXTS,
     MAX_REPL_OUTPUT_BYTES,
@@ -202,15 +201,12 @@ async def read_reply(manager: SandboxManager, sb: Sandbox, req: dict[str, Any]) 
         conn = await agent_client.Connection.open(sb.process.socket_path, req, manager.watch(sb), seconds)
     except agent_client.AgentUnavailable as exc:
         raise await manager.agent_lost(sb, exc) from exc
-    data = bytearray()
     try:
-        async for kind, payload in conn.frames():
-            if kind == DATA:
-                data += payload
-                if len(data) > MAX_REPL_REPLY_BYTES:
-                    raise ApiError(500, f"code context {req['id']}: reply over {MAX_REPL_REPLY_BYTES} bytes")
-            elif "error" in payload:
-                raise context_error(sb, req, agent_client.AgentError(payload))
+        data = await conn.data(
+            MAX_REPL_REPLY_BYTES,
+            lambda: ApiError(500, f"code context {req['id']}: reply over {MAX_REPL_REPLY_BYTES} bytes"),
+            lambda error: context_error(sb, req, error),
+        )
     except agent_client.AgentUnavailable as exc:
         raise await manager.agent_lost(sb, exc) from exc
     finally:

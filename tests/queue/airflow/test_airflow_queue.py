@@ -9,8 +9,8 @@ from airflow.sdk import DAG
 
 from airflow_provider.operators.queue import PandaStackQueueOperator
 from e2e.procs import free_port
+from tests.queue.batch import CONSUME, RESULTS, results, send_batch
 from tests.queue.brokers import Broker
-from tests.queue.conftest import echo_job, message
 from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
@@ -22,29 +22,14 @@ def test_a_batch_acks_after_results_redelivers_and_dead_letters(
     broker: Broker,
     queue,
 ):
-    t = broker.transport(queue)
-    t.send(message(echo_job(), id="good"))
-    t.send(message(f'[ "$QUEUE_DELIVERY" -ge 2 ] || exit 1; {echo_job()}', id="flaky"))
-    t.send(message("exit 4", id="poison", permanent_exit_codes=[4]))
-    t.send(b"{not json")
-    t.close()
+    send_batch(broker, queue, b"{not json")
     with DAG(f"ps_queue_{broker.name}", schedule=None, start_date=START) as dag:
-        PandaStackQueueOperator(
-            task_id="consume",
-            broker=broker.url(queue),
-            concurrency=2,
-            max_messages=10,
-            idle_seconds=2,
-            lease_seconds=5,
-            release_delay=0.2,
-            defaults={"template": "base", "timeout": 30},
-        )
+        PandaStackQueueOperator(task_id="consume", broker=broker.url(queue), **CONSUME)
     dr = run_dag(dag)
     assert task_instances(dr)[("consume", -1)].state == "success"
     summary = xcom(dr, "consume")
     assert summary["acked"] == 2 and summary["redelivered"] == 1 and summary["dead_lettered"] == 2, summary
-    results = {r["id"]: r["result"] for r in broker.results(queue)}
-    assert results == {"good": {"id": "good", "delivery": 1}, "flaky": {"id": "flaky", "delivery": 2}}
+    assert results(broker, queue) == RESULTS
     kinds = sorted(d["why"]["kind"] for d in broker.dead(queue))
     assert kinds == ["malformed", "permanent_exit_code"]
     assert (

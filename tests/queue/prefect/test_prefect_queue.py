@@ -10,8 +10,8 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from prefect_blocks import PandaStackCredentials
 from prefect_blocks.queue import consume_queue
+from tests.queue.batch import CONSUME, RESULTS, results, send_batch
 from tests.queue.brokers import Broker
-from tests.queue.conftest import echo_job, message
 
 
 async def _task_runs(flow_run_id: Any) -> list[Any]:
@@ -27,27 +27,12 @@ def test_each_message_is_a_task_run_acked_after_it_completed(
     broker: Broker,
     queue: str,
 ) -> None:
-    t = broker.transport(queue)
-    t.send(message(echo_job(), id="good"))
-    t.send(message(f'[ "$QUEUE_DELIVERY" -ge 2 ] || exit 1; {echo_job()}', id="flaky"))
-    t.send(message("exit 4", id="poison", permanent_exit_codes=[4]))
-    t.close()
-    state = consume_queue(
-        broker=broker.url(queue),
-        credentials=credentials,
-        concurrency=2,
-        max_messages=10,
-        idle_seconds=2,
-        lease_seconds=5,
-        release_delay=0.2,
-        defaults={"template": "base", "timeout": 30},
-        return_state=True,
-    )
+    send_batch(broker, queue)
+    state = consume_queue(broker=broker.url(queue), credentials=credentials, **CONSUME, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["acked"] == 2 and summary["redelivered"] == 1 and summary["dead_lettered"] == 1, summary
-    results = {r["id"]: r["result"] for r in broker.results(queue)}
-    assert results == {"good": {"id": "good", "delivery": 1}, "flaky": {"id": "flaky", "delivery": 2}}
+    assert results(broker, queue) == RESULTS
     (dead,) = broker.dead(queue)
     assert json.loads(dead["body"])["id"] == "poison" and dead["why"]["kind"] == "permanent_exit_code"
     assert broker.depth(queue) == 0
