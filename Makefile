@@ -23,12 +23,12 @@ wheel:
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
-	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,test]'
+	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,queue,test]'
 	@touch $@
 
 $(PF)/.installed: pyproject.toml
 	@test -x $(PF)/bin/python || $(PYTHON) -m venv $(PF)
-	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,test]'
+	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test]'
 	@touch $@
 
 venvs: $(AF)/.installed $(PF)/.installed
