@@ -13,14 +13,13 @@ d/a are ratios measured in the same process under the same drift.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import EXPECTED, JOB_CODE, JOB_INPUT, JOB_TIMEOUT, interleaved, log, machine
+from benchmarks.options import int_options
 from benchmarks.overhead import raw_sdk_job, report
+from benchmarks.prefect_harness import prefect_server
 
 
 def measure(rounds: int, batch: int) -> dict[str, list[float]]:
@@ -63,15 +62,8 @@ def measure(rounds: int, batch: int) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
+    args = int_options(out=True, rounds=6, batch=10)
+    with prefect_server(120):
         log(f"prefect overhead: {args.rounds} rounds x {args.batch} jobs x 2 variants (server up)")
         samples = measure(args.rounds, args.batch)
     data = {

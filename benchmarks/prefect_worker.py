@@ -12,9 +12,7 @@ the two kinds alternate, so the ratio is taken under the same machine drift. Pre
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -23,6 +21,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from benchmarks.common import log, machine, ratio, summary
+from benchmarks.options import int_options
+from benchmarks.prefect_harness import prefect_server
 
 FLOW = """
 from prefect import flow
@@ -124,14 +124,8 @@ def measure(rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
+    args = int_options(out=True, rounds=6)
+    with prefect_server(180):
         log(f"prefect worker: {args.rounds} rounds x (process, pandastack) flow runs (server up)")
         data = {"machine": machine(), "rounds": args.rounds, **measure(args.rounds)}
     args.out.write_text(json.dumps(data, indent=2) + "\n")

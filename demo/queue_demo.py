@@ -77,19 +77,23 @@ def _msg(mid: str, tenant: str, command: str, **more: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _honest(i: int, tenant: str) -> tuple[str, bytes, Expect]:
+    """Honest tenant number ``i``'s message: its own rows and TENANT, acked on the first delivery."""
+    mid = f"{tenant}-{i}"
+    body = _msg(
+        mid,
+        tenant,
+        "python3 job.py",
+        files={"job.py": HONEST_JOB},
+        input=rows_for(tenant),
+        options={"env": {"TENANT": tenant}},
+    )
+    return mid, body, Expect("acked", 1)
+
+
 def messages() -> list[tuple[str, bytes, Expect]]:
     """The demo's messages, in the order they are sent: ``(id, body, expected)``."""
-    out: list[tuple[str, bytes, Expect]] = []
-    for i, tenant in enumerate(HONEST_TENANTS[:6]):
-        body = _msg(
-            f"{tenant}-{i}",
-            tenant,
-            "python3 job.py",
-            files={"job.py": HONEST_JOB},
-            input=rows_for(tenant),
-            options={"env": {"TENANT": tenant}},
-        )
-        out.append((f"{tenant}-{i}", body, Expect("acked", 1)))
+    out = [_honest(i, tenant) for i, tenant in enumerate(HONEST_TENANTS[:6])]
     hostile = [
         # The pids limit stops the bomb from spreading; the timeout ends it. The producer's policy for
         # this tenant: a timeout is final (retry_on_timeout false), so no second bomb.
@@ -101,16 +105,7 @@ def messages() -> list[tuple[str, bytes, Expect]]:
     ]  # fmt: skip
     for mid, code, options, expect in hostile:
         out.append((mid, _msg(mid, mid, "python3 job.py", files={"job.py": code}, options=options), expect))
-    for i, tenant in enumerate(HONEST_TENANTS[6:], 6):
-        body = _msg(
-            f"{tenant}-{i}",
-            tenant,
-            "python3 job.py",
-            files={"job.py": HONEST_JOB},
-            input=rows_for(tenant),
-            options={"env": {"TENANT": tenant}},
-        )
-        out.append((f"{tenant}-{i}", body, Expect("acked", 1)))
+    out += [_honest(i, tenant) for i, tenant in enumerate(HONEST_TENANTS[6:], 6)]
     out += [
         # Past its timeout on every delivery: redelivered once, then dead-lettered (max_deliveries=2).
         ("evil-sleeper", _msg("evil-sleeper", "evil-sleeper", "sleep 600", options={"timeout": 2}),

@@ -51,8 +51,27 @@ class Timings:
         return {k: round(v, 4) for k, v in self.__dict__.items()}
 
 
+class Verdict:
+    """``redeliver`` and ``dead_letter``, read from ``failure_class`` in one place: for the
+    outcome, and for an engine's exception that carries only the outcome's summary."""
+
+    @property
+    def failure_class(self) -> FailureClass | None:
+        raise NotImplementedError  # a field or a property of the class this is mixed into
+
+    @property
+    def redeliver(self) -> bool:
+        """True when a retry in a fresh sandbox may succeed."""
+        return self.failure_class is FailureClass.REDELIVER
+
+    @property
+    def dead_letter(self) -> bool:
+        """True when retrying cannot help."""
+        return self.failure_class is FailureClass.DEAD_LETTER
+
+
 @dataclass(frozen=True)
-class JobOutcome:
+class JobOutcome(Verdict):
     """The whole story of one job. ``result`` is parsed JSON only; ``files`` are raw bytes.
 
     Texts (``reason``, tails) are already redacted. Nothing in here was unpickled
@@ -78,16 +97,6 @@ class JobOutcome:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
-
-    @property
-    def redeliver(self) -> bool:
-        """True when a retry in a fresh sandbox may succeed."""
-        return self.failure_class is FailureClass.REDELIVER
-
-    @property
-    def dead_letter(self) -> bool:
-        """True when retrying cannot help."""
-        return self.failure_class is FailureClass.DEAD_LETTER
 
     def summary(self) -> dict[str, Any]:
         """A JSON-safe summary (no file contents) for XCom, artifacts and logs."""

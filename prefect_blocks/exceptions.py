@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pandastack_jobs import FailureClass, FailureKind, JobOutcome
+from pandastack_jobs.outcome import Verdict
 
 
 class PandaStackPrefectError(Exception):
     """Base of every exception the collection defines."""
 
 
-class SandboxJobFailed(PandaStackPrefectError):
+class SandboxJobFailed(PandaStackPrefectError, Verdict):
     """A sandbox job failed. ``redeliver`` says whether a retry in a fresh sandbox may help."""
 
     def __init__(self, message: str, summary: Optional[dict[str, Any]] = None) -> None:
@@ -44,15 +45,6 @@ class SandboxJobFailed(PandaStackPrefectError):
     def failure_class(self) -> Optional[FailureClass]:
         value = self.summary.get("class")
         return FailureClass(value) if value else None
-
-    @property
-    def redeliver(self) -> bool:
-        """True when a retry in a fresh sandbox may succeed."""
-        return self.failure_class is FailureClass.REDELIVER
-
-    @property
-    def dead_letter(self) -> bool:
-        return self.failure_class is FailureClass.DEAD_LETTER
 
     @property
     def retry_after(self) -> Optional[float]:

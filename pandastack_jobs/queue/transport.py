@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..exceptions import PandaStackJobsError
@@ -54,14 +54,7 @@ class DeadLetter:
     stderr_tail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "kind": self.kind,
-            "field": self.field,
-            "deliveries": self.deliveries,
-            "stdout_tail": self.stdout_tail,
-            "stderr_tail": self.stderr_tail,
-        }
+        return asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict())

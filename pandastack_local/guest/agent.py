@@ -4,8 +4,8 @@ This file runs in two places. Inside each sandbox it is the long-lived process
 that bwrap starts (``/usr/bin/python3 -I -S /.pandastack/agent.py FD LIMITS``):
 because it lives in the sandbox's namespaces, every exec and every file path it
 touches resolves inside the sandbox and nowhere else. On the host the server
-imports it only for the frame helpers, so it must stay stdlib-only and must not
-import anything from ``pandastack_local``.
+imports it only for the frame helpers and the /proc walk (``descendants``), so it must stay
+stdlib-only and must not import anything from ``pandastack_local``.
 
 Protocol: one unix-socket connection per operation. Every message is a frame:
 ``kind`` (1 byte) + ``length`` (4 bytes, big endian) + payload. The request is a
@@ -696,9 +696,10 @@ class Landlock:
 LANDLOCK: Landlock | None = None
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` in the sandbox (children, theirs, ...): a code context's
-    supervisor is a subreaper, so what the context started stays below it whatever its session."""
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, theirs, ...) in this pid namespace: in the sandbox
+    a code context's supervisor is a subreaper, so what the context started stays below it
+    whatever its session; the host walks its own /proc with it (``isolation.process``)."""
     children: dict[int, list[int]] = {}
     for pid, _state, ppid, _sid in _processes():
         children.setdefault(ppid, []).append(pid)
@@ -712,7 +713,7 @@ def _descendants(root: int) -> list[int]:
 
 def _kill_descendants(root: int) -> None:
     """SIGKILL everything below ``root`` until nothing is left."""
-    _kill_until_gone(lambda: _descendants(root), 100, 0.005)
+    _kill_until_gone(lambda: descendants(root), 100, 0.005)
 
 
 def _start_time(pid: int) -> str:

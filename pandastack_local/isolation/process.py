@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pandastack_local.guest.agent import descendants
 from pandastack_local.isolation.cgroups import Cgroups
 
 GUEST_PYTHON = "/usr/bin/python3"
@@ -127,23 +128,7 @@ def launch(
 
 def host_descendants(pid: int) -> list[int]:
     """Host pids below ``pid`` (used when no cgroup lists the sandbox's processes)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    return descendants(pid)
 
 
 def kill(sp: SandboxProcess, cgroups: Cgroups) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pandastack_jobs.queue import MessageError, parse
+from pandastack_jobs.queue import DeadLetter, MessageError, parse
 
 
 def _body(**doc: Any) -> bytes:
@@ -101,3 +101,18 @@ def test_a_message_may_lower_the_bounds() -> None:
         allowed_templates={"base"},
     )
     assert job.spec("q", 1).max_result_bytes == 100
+
+
+def test_a_dead_letters_record_is_its_fields_in_order() -> None:
+    """What the dead-letter destination stores beside the body: every field, in declaration order."""
+    why = DeadLetter("timed out", "timeout", None, 2, stdout_tail="out", stderr_tail="err")
+    expected = {
+        "reason": "timed out",
+        "kind": "timeout",
+        "field": None,
+        "deliveries": 2,
+        "stdout_tail": "out",
+        "stderr_tail": "err",
+    }
+    assert why.as_dict() == expected and list(why.as_dict()) == list(expected)
+    assert why.to_json() == json.dumps(expected)
