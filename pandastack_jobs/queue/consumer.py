@@ -27,7 +27,7 @@ from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
-from .chunks import check_key, group_of, plan, run_chunk
+from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -396,6 +396,9 @@ class Consumer:
             def run() -> JobOutcome:
                 client = self.connection.client()
                 try:
+                    # A redelivery runs alone; if its earlier delivery ran in a chunk whose worker
+                    # died, that chunk's sandbox carries this message's key as a mate: reap it.
+                    reap_chunks_before(client, spec)
                     return run_job(client, spec, handle=work.handle)
                 finally:
                     close = getattr(client, "close", None)
