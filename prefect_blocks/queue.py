@@ -75,10 +75,15 @@ def consume_queue(
     release_delay: float = CONSUMER_DEFAULTS.release_delay,
     defaults: Optional[dict[str, Any]] = None,
     allowed_templates: Optional[list[str]] = None,
+    chunk_size: int = CONSUMER_DEFAULTS.chunk_size,
+    chunk_key: str = CONSUMER_DEFAULTS.chunk_key,
+    chunk_keyless: bool = CONSUMER_DEFAULTS.chunk_keyless,
 ) -> dict[str, int]:
     """Consume up to ``max_messages`` from ``broker`` (stopping once idle ``idle_seconds``); return the
-    batch's counters. An unreachable broker fails the flow run. The consumer's settings and their
-    defaults are the core's (:class:`pandastack_jobs.queue.ConsumerSettings`)."""
+    batch's counters. An unreachable broker fails the flow run. ``chunk_size`` > 1 runs up to that
+    many messages of one ``chunk_key`` in one sandbox; each is still its own task run, acked after
+    it completed (docs/queues.md, "Chunks"). The consumer's settings and their defaults are the
+    core's (:class:`pandastack_jobs.queue.ConsumerSettings`)."""
     consumer = Consumer(
         open_transport(broker, lease_seconds),
         (credentials or PandaStackCredentials()).connection_config(),
@@ -89,6 +94,9 @@ def consume_queue(
         drain_seconds=CONSUMER_DEFAULTS.batch_drain_seconds,
         allowed_templates=allowed_templates,
         runner=task_runner,
+        chunk_size=chunk_size,
+        chunk_key=chunk_key,
+        chunk_keyless=chunk_keyless,
     )
     stats = consumer.run(batch_done(max_messages, idle_seconds))
     get_run_logger().info("queue batch: %s", stats.line())

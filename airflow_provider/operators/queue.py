@@ -24,6 +24,7 @@ from pandastack_jobs.queue import (
     batch_done,
     open_transport,
 )
+from pandastack_jobs.queue.consumer import check_chunking
 
 from ..hooks.pandastack import PandaStackHook
 
@@ -37,8 +38,11 @@ class PandaStackQueueOperator(BaseOperator):
 
     A broker that cannot be reached fails the task (Airflow's retries apply); message failures
     never fail it: they are the broker's to redeliver or dead-letter. ``fail_on_dead_letter``
-    makes a batch with dead letters fail the task, for alerting. The consumer's settings and
-    their defaults are the core's (:class:`pandastack_jobs.queue.ConsumerSettings`).
+    makes a batch with dead letters fail the task, for alerting. ``chunk_size`` > 1 runs up to
+    that many messages of one ``chunk_key`` (``tenant`` or ``input.<name>``) one after another in
+    one sandbox, each acked on its own (docs/queues.md, "Chunks"); bad chunk settings fail the
+    DAG's parse. The consumer's settings and their defaults are the core's
+    (:class:`pandastack_jobs.queue.ConsumerSettings`).
     """
 
     template_fields: Sequence[str] = ("broker", "defaults")
@@ -56,12 +60,16 @@ class PandaStackQueueOperator(BaseOperator):
         max_deliveries: int = CONSUMER_DEFAULTS.max_deliveries,
         release_delay: float = CONSUMER_DEFAULTS.release_delay,
         drain_seconds: float = CONSUMER_DEFAULTS.batch_drain_seconds,
+        chunk_size: int = CONSUMER_DEFAULTS.chunk_size,
+        chunk_key: str = CONSUMER_DEFAULTS.chunk_key,
+        chunk_keyless: bool = CONSUMER_DEFAULTS.chunk_keyless,
         defaults: Mapping[str, Any] | None = None,
         allowed_templates: Collection[str] | None = None,
         fail_on_dead_letter: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        check_chunking(chunk_size, chunk_key, max_deliveries)
         self.broker = broker
         self.pandastack_conn_id = pandastack_conn_id
         self.concurrency = concurrency
@@ -71,6 +79,9 @@ class PandaStackQueueOperator(BaseOperator):
         self.max_deliveries = max_deliveries
         self.release_delay = release_delay
         self.drain_seconds = drain_seconds
+        self.chunk_size = chunk_size
+        self.chunk_key = chunk_key
+        self.chunk_keyless = chunk_keyless
         self.defaults = dict(defaults or {})
         self.allowed_templates = allowed_templates
         self.fail_on_dead_letter = fail_on_dead_letter
@@ -87,6 +98,9 @@ class PandaStackQueueOperator(BaseOperator):
             release_delay=self.release_delay,
             drain_seconds=self.drain_seconds,
             allowed_templates=self.allowed_templates,
+            chunk_size=self.chunk_size,
+            chunk_key=self.chunk_key,
+            chunk_keyless=self.chunk_keyless,
         )
         try:
             stats = self._consumer.run(batch_done(self.max_messages, self.idle_seconds))

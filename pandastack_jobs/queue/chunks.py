@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -24,8 +24,8 @@ from pandastack import Sandbox
 
 from ..lifecycle import JobHandle, JobRun, _sandbox_exists, reap_before
 from ..outcome import FailureClass, FailureKind, JobOutcome
-from ..reaper import delete_sandbox
-from ..spec import WORKDIR, JobSpec
+from ..reaper import delete_sandbox, sweep
+from ..spec import WORKDIR, JobKey, JobSpec
 from .message import QueueJob
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,38 @@ def plan(items: Sequence[T], group: Callable[[T], Hashable | None], size: int, s
         if g is not None and len(chunk) >= size:
             del open_chunk[g]
     return chunks[:slots]
+
+
+def mate_label(key: JobKey) -> str:
+    """The metadata key that names ``key``'s job as a mate of a chunk's sandbox (its value: the
+    try). Every mate's key is on the sandbox, not only the first's: when a worker dies mid-chunk
+    after the first mate was acked, only the later mates come back, and they must find it."""
+    return f"queue_chunk_job_{key.job_id}"
+
+
+def reap_chunks_before(client: pandastack.Client, spec: JobSpec) -> list[str]:
+    """Delete the chunk sandboxes an earlier delivery of ``spec``'s message ran in as a mate (a
+    worker killed mid-chunk), before this delivery runs. Best effort, as
+    :func:`~pandastack_jobs.lifecycle.reap_before`: the TTL catches what is missed."""
+    key = spec.key
+    if key is None or key.try_number <= 1:
+        return []
+    label = mate_label(key)
+
+    def earlier(meta: Mapping[str, str]) -> bool:
+        try:
+            return label in meta and int(meta[label]) < key.try_number
+        except ValueError:
+            return True  # ours, but unreadable: nobody else will delete it
+
+    try:
+        reaped = sweep(client, earlier)
+    except pandastack.PandastackError as exc:
+        logger.warning("could not look for chunk sandboxes of earlier deliveries: %s", exc)
+        return []
+    if reaped:
+        logger.info("reaped %d chunk sandbox(es) of earlier deliveries: %s", len(reaped), reaped)
+    return reaped
 
 
 def mate_workdir(index: int) -> str:
@@ -153,8 +185,9 @@ def run_chunk(
     """Run ``specs`` one after another in one fresh sandbox; return one outcome per spec.
 
     The sandbox is made from the first spec (template, TTL, metadata naming its
-    attempt, so a redelivery of that message reaps it after a worker's SIGKILL)
-    and deleted at the end, always. A mate that fails does not touch the others.
+    attempt) and labelled with every mate's key (:func:`mate_label`), so a
+    redelivery of any mate reaps it after a worker's SIGKILL; it is deleted at the
+    end, always. A mate that fails does not touch the others.
     If the sandbox itself is gone after a mate fails (OOM kill, TTL, deleted
     under it), that mate and every mate not yet run end as ``SANDBOX_LOST``
     (redeliver): none of them is to blame. ``on_finished(i, outcome)`` is called
@@ -167,7 +200,9 @@ def run_chunk(
     handles = list(handles) if handles is not None else [JobHandle() for _ in specs]
     outcomes: list[JobOutcome | None] = [None] * n
     first = specs[0]
-    owner = JobRun(client, replace(first, metadata={**first.metadata, "queue_chunk_size": str(n)}))
+    labels = {mate_label(s.key): str(s.key.try_number) for s in specs if s.key is not None}
+    meta = {**first.metadata, **labels, "queue_chunk_size": str(n)}
+    owner = JobRun(client, replace(first, metadata=meta))
     sandbox: Sandbox | None = None
     lost: str | None = None
 
@@ -180,6 +215,7 @@ def run_chunk(
         for spec in specs:
             if spec.key is not None and spec.key.try_number > 1:
                 reap_before(client, spec)
+                reap_chunks_before(client, spec)
         for i, spec in enumerate(specs):
             if lost is not None:
                 finish(i, _lost(spec, sandbox.id if sandbox else None, lost))
@@ -248,4 +284,14 @@ def _runner(mate: JobRun, acquire: Callable[[], Sandbox]) -> Callable[[], JobOut
     return lambda: mate.run(acquire=acquire)
 
 
-__all__ = ["check_key", "group_of", "isolation_key", "mate_workdir", "plan", "rebase", "run_chunk"]
+__all__ = [
+    "check_key",
+    "group_of",
+    "isolation_key",
+    "mate_label",
+    "mate_workdir",
+    "plan",
+    "reap_chunks_before",
+    "rebase",
+    "run_chunk",
+]

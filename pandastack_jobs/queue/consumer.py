@@ -27,7 +27,7 @@ from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
-from .chunks import check_key, group_of, plan, run_chunk
+from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -62,6 +62,12 @@ class ConsumerSettings:
     """A batch (:func:`batch_done`) stops pulling after this many messages..."""
     idle_seconds: float = 5.0
     """...or once nothing ran and nothing came for this long."""
+    chunk_size: int = 1
+    """Up to this many messages of one isolation key run one after another in one sandbox."""
+    chunk_key: str = "tenant"
+    """The isolation key of a chunk: ``tenant`` (the message's field) or ``input.<name>``."""
+    chunk_keyless: bool = False
+    """Messages without the key may share sandboxes with each other (else each runs alone)."""
 
 
 CONSUMER_DEFAULTS = ConsumerSettings()
@@ -103,6 +109,17 @@ class Stats:
             f"in flight {self.in_flight}  acked {self.acked}  redelivered {self.redelivered}  "
             f"dead-lettered {self.dead_lettered}  {self.rate():.2f} msg/s"
         )
+
+
+def check_chunking(chunk_size: int, chunk_key: str, max_deliveries: int) -> None:
+    """Raise ``ValueError`` naming the setting if the chunk settings cannot work (an adapter calls
+    this where its user declares them, e.g. when a DAG is parsed)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int of at least 1, not {chunk_size!r}")
+    if chunk_size > 1 and max_deliveries < 2:
+        # A chunk's death releases its unfinished mates for another delivery (alone).
+        raise ValueError("chunk_size > 1 needs max_deliveries >= 2")
+    check_key(chunk_key)
 
 
 def batch_done(max_messages: int, idle_seconds: float) -> Callable[[Stats], bool]:
@@ -179,17 +196,13 @@ class Consumer:
         poll_seconds: float = 1.0,
         allowed_templates: Collection[str] | None = None,
         runner: Runner | None = None,
-        chunk_size: int = 1,
-        chunk_key: str = "tenant",
-        chunk_keyless: bool = False,
+        chunk_size: int = CONSUMER_DEFAULTS.chunk_size,
+        chunk_key: str = CONSUMER_DEFAULTS.chunk_key,
+        chunk_keyless: bool = CONSUMER_DEFAULTS.chunk_keyless,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if chunk_size < 1:
-            raise ValueError("chunk_size must be at least 1")
-        if chunk_size > 1 and max_deliveries < 2:
-            # A chunk's death releases its unfinished mates for another delivery (alone).
-            raise ValueError("chunk_size > 1 needs max_deliveries >= 2")
+        check_chunking(chunk_size, chunk_key, max_deliveries)
         if max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         self.transport = transport
@@ -205,7 +218,7 @@ class Consumer:
         self.allowed_templates = frozenset(allowed_templates) if allowed_templates is not None else None
         self.runner = runner
         self.chunk_size = chunk_size
-        self.chunk_key = check_key(chunk_key)
+        self.chunk_key = chunk_key
         self.chunk_keyless = chunk_keyless
         self.stats = Stats()
         self._stop = threading.Event()
@@ -396,6 +409,9 @@ class Consumer:
             def run() -> JobOutcome:
                 client = self.connection.client()
                 try:
+                    # A redelivery runs alone; if its earlier delivery ran in a chunk whose worker
+                    # died, that chunk's sandbox carries this message's key as a mate: reap it.
+                    reap_chunks_before(client, spec)
                     return run_job(client, spec, handle=work.handle)
                 finally:
                     close = getattr(client, "close", None)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pandastack_local import LocalServer
+from pandastack_local.testing.waiting import wait_for
 from tests.queue.brokers import Broker
 from tests.queue.conftest import live_sandboxes, wait_results
 
@@ -174,3 +175,39 @@ def test_a_mate_cannot_hand_the_next_mate_a_result(broker: Broker, queue: str, s
     assert [r["id"] for r in results] == ["p0"] and stats.chunks == 1
     (dead,) = broker.dead(queue)
     assert json.loads(dead["body"])["id"] == "p1" and dead["why"]["kind"] == "result_missing", dead
+
+
+@pytest.mark.parametrize("broker", ["redis", "postgres"], indirect=True)
+def test_a_worker_sigkilled_mid_chunk_leaves_nothing_behind(
+    broker: Broker, queue: str, spawn_worker: Any, start_consumer: Any, local_server: LocalServer
+) -> None:
+    """``consume --chunk-size 4`` is SIGKILLed while the chunk's second mate runs, after the first
+    was acked: a fresh consumer gets the three unacked mates back (delivery 2, each alone), the
+    acked one never again, every result is delivered once, and the chunk's sandbox is reaped by
+    the redelivered mates' keys (the first mate's key never comes back; the TTL is 90 s away)."""
+    t = broker.transport(queue)
+    t.send(tenant_message("s0", "acme"))
+    t.send(tenant_message("s1", "acme", '[ "$QUEUE_DELIVERY" -ge 2 ] || sleep 60; '))
+    t.send(tenant_message("s2", "acme"))
+    t.send(tenant_message("s3", "acme"))
+    t.close()
+    worker = spawn_worker("--concurrency", "1", "--chunk-size", "4", "--max-deliveries", "3")
+    wait_for("s0 acked", worker.text, timeout=60, interval=0.1, check=lambda text: " acked 1 " in text)
+    (chunk,) = live_sandboxes(local_server, job_workflow=queue)  # s1 sleeps in it now
+    assert chunk.metadata["job_run"] == "s0" and chunk.metadata["queue_chunk_size"] == "4"
+    worker.signal(signal.SIGKILL)
+    worker.wait(10)
+    assert [sb.id for sb in live_sandboxes(local_server, job_workflow=queue)] == [chunk.id]  # left behind
+
+    stats = start_consumer(until=lambda s: s.acked >= 3, concurrency=2, chunk_size=4, max_deliveries=3).join(
+        90
+    )
+    results = broker.results(queue)
+    assert sorted(r["id"] for r in results) == ["s0", "s1", "s2", "s3"], results  # each once
+    by_id = {r["id"]: r for r in results}
+    assert by_id["s0"]["delivery"] == 1 and by_id["s0"]["sandbox_id"] == chunk.id
+    for mid in ("s1", "s2", "s3"):
+        assert by_id[mid]["result"]["delivery"] == 2 and by_id[mid]["sandbox_id"] != chunk.id
+    assert stats.received == 3 and stats.acked == 3 and stats.dead_lettered == 0
+    assert broker.dead(queue) == [] and broker.depth(queue) == 0
+    assert live_sandboxes(local_server, job_workflow=queue) == []

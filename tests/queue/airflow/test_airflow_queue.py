@@ -5,11 +5,21 @@ from __future__ import annotations
 import json
 
 import pendulum
+import pytest
 from airflow.sdk import DAG
 
 from airflow_provider.operators.queue import PandaStackQueueOperator
 from e2e.procs import free_port
-from tests.queue.batch import CONSUME, RESULTS, results, send_batch
+from pandastack_jobs.queue import CONSUMER_DEFAULTS
+from tests.queue.batch import (
+    CHUNK_CONSUME,
+    CONSUME,
+    RESULTS,
+    check_chunk_results,
+    results,
+    send_batch,
+    send_chunk_batch,
+)
 from tests.queue.brokers import Broker
 from tests.support.dagtest import run_dag, task_instances, xcom
 
@@ -45,3 +55,40 @@ def test_an_unreachable_broker_fails_the_task(airflow_env):
         PandaStackQueueOperator(task_id="consume", broker=f"redis://127.0.0.1:{free_port()}/0?stream=x")
     dr = run_dag(dag)
     assert task_instances(dr)[("consume", -1)].state == "failed"
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_chunks_share_a_sandbox_per_key_and_ack_each_mate(airflow_env, local_server, broker: Broker, queue):
+    """``chunk_size=4, chunk_key="input.customer", chunk_keyless=True``: one customer's messages
+    share a sandbox, each acked on its own; a mate that fails is redelivered alone and acked; the
+    keyless ones share one; no sandbox is left."""
+    send_chunk_batch(broker, queue)
+    with DAG(f"ps_queue_chunks_{broker.name}", schedule=None, start_date=START) as dag:
+        PandaStackQueueOperator(task_id="consume", broker=broker.url(queue), **CHUNK_CONSUME)
+    dr = run_dag(dag)
+    assert task_instances(dr)[("consume", -1)].state == "success"
+    summary = xcom(dr, "consume")
+    assert summary["acked"] == 6 and summary["redelivered"] == 1 and summary["dead_lettered"] == 0, summary
+    check_chunk_results(broker, queue)
+    assert local_server.client().sandboxes.list() == []
+
+
+def test_the_chunk_settings_default_to_the_cores_and_are_checked_at_parse(airflow_env):
+    """No chunk options: the core's defaults (one sandbox per message); a chunk size that could
+    not release a dead chunk's mates, or an unknown key, fails where the DAG declares it."""
+    op = PandaStackQueueOperator(task_id="c", broker="redis://127.0.0.1:1/0?stream=x")
+    assert (
+        (op.chunk_size, op.chunk_key, op.chunk_keyless)
+        == (
+            CONSUMER_DEFAULTS.chunk_size,
+            CONSUMER_DEFAULTS.chunk_key,
+            CONSUMER_DEFAULTS.chunk_keyless,
+        )
+        == (1, "tenant", False)
+    )
+    with pytest.raises(ValueError, match="chunk_size > 1 needs max_deliveries >= 2"):
+        PandaStackQueueOperator(task_id="d", broker="redis://x", chunk_size=2, max_deliveries=1)
+    with pytest.raises(ValueError, match="chunk key 'customer' is neither"):
+        PandaStackQueueOperator(task_id="e", broker="redis://x", chunk_size=2, chunk_key="customer")
+    with pytest.raises(ValueError, match="chunk_size must be an int of at least 1"):
+        PandaStackQueueOperator(task_id="f", broker="redis://x", chunk_size=0)
