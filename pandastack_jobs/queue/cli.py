@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from ..connection import ConnectionConfig
 from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
+from .consumer import CONSUMER_DEFAULTS as D
 
 EXAMPLES = """brokers:
   redis://127.0.0.1:6379/0?stream=jobs&group=workers
@@ -35,7 +36,12 @@ def _parser() -> argparse.ArgumentParser:
         "consume", help="run one sandbox per message; ack after the result is out", epilog=EXAMPLES
     )
     c.add_argument("--broker", default=os.environ.get("PANDASTACK_QUEUE_BROKER"), help="broker URL")
-    c.add_argument("--concurrency", type=int, default=4, help="jobs running at once (default 4)")
+    c.add_argument(
+        "--concurrency",
+        type=int,
+        default=D.concurrency,
+        help=f"jobs running at once (default {D.concurrency})",
+    )
     c.add_argument("--template", help="default sandbox template (a message's options.template wins)")
     c.add_argument("--timeout", type=float, help="default job timeout in seconds")
     c.add_argument(
@@ -46,12 +52,28 @@ def _parser() -> argparse.ArgumentParser:
         help="a template messages may name (repeat; default: any); --template is always allowed",
     )
     c.add_argument(
-        "--lease", type=float, default=60.0, help="visibility/claim timeout in seconds (default 60)"
+        "--lease",
+        type=float,
+        default=D.lease_seconds,
+        help=f"visibility/claim timeout, s (default {D.lease_seconds:g})",
     )
-    c.add_argument("--max-deliveries", type=int, default=5, help="dead-letter after this many (default 5)")
-    c.add_argument("--release-delay", type=float, default=1.0, help="least redelivery delay, s (default 1)")
     c.add_argument(
-        "--drain", type=float, default=30.0, help="SIGTERM: seconds to let jobs finish (default 30)"
+        "--max-deliveries",
+        type=int,
+        default=D.max_deliveries,
+        help=f"dead-letter after this many (default {D.max_deliveries})",
+    )
+    c.add_argument(
+        "--release-delay",
+        type=float,
+        default=D.release_delay,
+        help=f"least redelivery delay, s (default {D.release_delay:g})",
+    )
+    c.add_argument(
+        "--drain",
+        type=float,
+        default=D.drain_seconds,
+        help=f"SIGTERM: seconds to let jobs finish (default {D.drain_seconds:g})",
     )
     c.add_argument(
         "--max-message-bytes", type=int, default=1024 * 1024, help="larger messages are dead-lettered"
@@ -59,14 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--chunk-size",
         type=int,
-        default=1,
+        default=D.chunk_size,
         metavar="K",
-        help="run up to K messages of one isolation key one after another in one sandbox (default 1)",
+        help=f"run up to K messages of one isolation key in one sandbox, in turn (default {D.chunk_size})",
     )
     c.add_argument(
         "--chunk-key",
-        default="tenant",
-        help="the isolation key of a chunk: 'tenant' (default) or 'input.<name>'",
+        default=D.chunk_key,
+        help=f"the isolation key of a chunk: 'tenant' or 'input.<name>' (default {D.chunk_key!r})",
     )
     c.add_argument(
         "--chunk-keyless",

@@ -94,8 +94,35 @@ def test_coerce_options_leaves_not_given_out_and_still_names_unknown_ones() -> N
 def test_the_consumer_takes_its_defaults_from_its_settings() -> None:
     params = inspect.signature(Consumer.__init__).parameters
     own = {f.name for f in fields(ConsumerSettings)} & set(params)
-    assert own == {"concurrency", "max_deliveries", "release_delay", "drain_seconds"}
+    assert own == {
+        "concurrency",
+        "max_deliveries",
+        "release_delay",
+        "drain_seconds",
+        "chunk_size",
+        "chunk_key",
+        "chunk_keyless",
+    }
     for name in own:
         assert params[name].default == getattr(CONSUMER_DEFAULTS, name), name
     assert inspect.signature(open_transport).parameters["lease_seconds"].default == 60.0
     assert CONSUMER_DEFAULTS.lease_seconds == 60.0 and callable(batch_done(1, 0.0))
+
+
+def test_the_consume_command_takes_its_defaults_from_the_consumer_settings() -> None:
+    from pandastack_jobs.queue.cli import _parser
+
+    args = _parser().parse_args(["consume", "--broker", "redis://localhost/0"])
+    flags = {
+        "concurrency": "concurrency",
+        "lease": "lease_seconds",
+        "max_deliveries": "max_deliveries",
+        "release_delay": "release_delay",
+        "drain": "drain_seconds",
+        "chunk_size": "chunk_size",
+        "chunk_key": "chunk_key",
+        "chunk_keyless": "chunk_keyless",
+    }
+    assert {f: getattr(args, f) for f in flags} == {
+        f: getattr(CONSUMER_DEFAULTS, s) for f, s in flags.items()
+    }
