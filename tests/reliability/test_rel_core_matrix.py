@@ -162,8 +162,12 @@ json.dump({{"left": "everything"}}, open(os.environ["JOB_RESULT"], "w"))
 """
     check = f"""
 import json, os
+mine, pid = set(), os.getpid()  # this job's own chain: its shell carries this script
+while pid > 1:
+    mine.add(str(pid))
+    pid = int(open(f"/proc/{{pid}}/stat", "rb").read().rsplit(b")", 1)[1].split()[1])
 cmdlines = []
-for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+for pid in (p for p in os.listdir("/proc") if p.isdigit() and p not in mine):
     try:
         cmdlines.append(open(f"/proc/{{pid}}/cmdline", "rb").read().replace(b"\\0", b" ").decode())
     except OSError:

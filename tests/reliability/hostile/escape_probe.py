@@ -45,8 +45,21 @@ seen["env_text"] = env_text
 seen["env_markers"] = [m for m in markers if m in env_text]
 pids = [p for p in os.listdir("/proc") if p.isdigit()]
 seen["pid_count"] = len(pids)
+
+
+def own_chain():
+    """This probe and the processes that started it (the job's own shell carries the job's input,
+    host words and all, in its command line): not someone else's processes."""
+    chain, pid = set(), os.getpid()
+    while pid > 1:
+        chain.add(str(pid))
+        pid = int(read(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[1])
+    return chain
+
+
+mine = own_chain()
 cmdlines = []
-for pid in pids:
+for pid in (p for p in pids if p not in mine):
     try:
         cmdlines.append(read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode())
     except OSError:
