@@ -9,16 +9,21 @@ kills the child, never this test process, if the bound fails badly).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
+from typing import Any
 
+from pandastack_jobs import JobSpec, finish_detached, poll_detached, start_detached
+from pandastack_jobs.detached import OUTPUT_TAIL_BYTES
 from pandastack_jobs.spec import TAIL_BYTES
 from pandastack_local import LocalServer
 
-from .bounds_support import RSS_GROWTH_LIMIT, MiB, RssWatch, server_fixture  # noqa: F401
+from .bounds_support import RSS_GROWTH_LIMIT, MiB, RssWatch, client_fixture, server_fixture  # noqa: F401
 
 PRINTED = 1024 * MiB  # of "y\n" on stdout: sixteen times the bound (about 15 s)
 CLOSING = "the-last-line-of-the-job"
@@ -65,9 +70,11 @@ def test_gigabytes_of_stdout_do_not_grow_the_orchestrator(server: LocalServer) -
                 child.stdin.write("go\n")
                 child.stdin.flush()
                 report_line = child.stdout.readline()
-            child.stdin.write("bye\n")
-            child.stdin.flush()
-            child.wait(timeout=60)
+            if child.poll() is None:  # not killed by the watchdog: let it exit
+                with contextlib.suppress(BrokenPipeError):
+                    child.stdin.write("bye\n")
+                    child.stdin.flush()
+                child.wait(timeout=60)
         finally:
             if child.poll() is None:
                 child.kill()
@@ -81,3 +88,26 @@ def test_gigabytes_of_stdout_do_not_grow_the_orchestrator(server: LocalServer) -
     assert report["stdout_tail"].endswith(f"y\ny\n{CLOSING}\n")
     assert 0 < len(report["stdout_tail"]) <= TAIL_BYTES
     assert report["stderr_tail"] == "to-stderr\n"
+
+
+def test_a_detached_jobs_output_is_read_back_as_a_tail_not_whole(server: LocalServer, client: Any) -> None:
+    """A detached job's captured stdout of 24 MiB (under the server's 32 MiB read cap): finishing
+    the job reads its last 64 KiB, not the whole file (on main: all 24 MiB, twice over as text)."""
+    printed = 24 * MiB
+    spec = JobSpec(
+        command=f"yes | head -c {printed}; echo {CLOSING}", template="small", timeout=60, result_path=None
+    )
+    job = start_detached(client, spec)
+    assert not hasattr(job, "ok"), job
+    deadline = time.monotonic() + 60
+    while poll_detached(client, job.sandbox_id) is None:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    chunks: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    with RssWatch(os.getpid(), ceiling=256 * MiB) as watch:  # the server caps reads at 32 MiB
+        outcome = finish_detached(client, spec, job, on_output=lambda s, c: chunks[s].append(c))  # type: ignore[arg-type]
+    assert outcome.ok, outcome.summary()
+    assert watch.growth < 8 * MiB, f"finishing grew this process by {watch.growth / MiB:.0f} MiB"
+    assert [len(c) for c in chunks["stdout"]] == [OUTPUT_TAIL_BYTES]
+    assert chunks["stdout"][0].endswith(f"y\ny\n{CLOSING}\n")
+    assert outcome.stdout_tail.endswith(f"y\n{CLOSING}\n")
