@@ -19,7 +19,7 @@ from pandastack import Sandbox
 from . import guest
 from .exceptions import PandaStackJobsError
 from .failures import StepError
-from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, reap_before
+from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, _is_regular, reap_before
 from .outcome import FailureKind, JobOutcome
 from .redact import Redactor
 from .spec import JobSpec
@@ -138,7 +138,7 @@ def finish_detached(
     def read_end(sb: Sandbox) -> tuple[int, float]:
         for path, stream in ((guest.DETACHED_STDOUT, "stdout"), (guest.DETACHED_STDERR, "stderr")):
             try:
-                run.output(stream, sb.filesystem.read(path).decode(errors="replace")[-65536:])
+                run.output(stream, _output_tail(sb, path))
             except pandastack.PandastackError:
                 pass
         try:
@@ -153,3 +153,22 @@ def finish_detached(
 
     run = JobRun(client, spec, handle=handle, redactor=redactor, on_output=on_output)
     return run.run(acquire=acquire, deliver=False, execute=read_end)
+
+
+# What finish_detached reads back of each captured stream: its last 64 KiB.
+OUTPUT_TAIL_BYTES = 65536
+
+
+def _output_tail(sb: Sandbox, path: str) -> str:
+    """The last :data:`OUTPUT_TAIL_BYTES` of a detached job's captured stream, never more read.
+
+    A small regular file is read whole; a larger one is cut in the guest (``tail -c``, under its
+    own short clock), since a GET of a file the job wrote reads as much as the job wrote
+    (gigabytes on a server without the local one's read cap). Anything else is no output."""
+    info = sb.filesystem.stat(path)
+    if info.is_dir or not _is_regular(info.mode):
+        return ""
+    if info.size <= OUTPUT_TAIL_BYTES:
+        return sb.filesystem.read(path)[-OUTPUT_TAIL_BYTES:].decode(errors="replace")
+    res = sb.exec(f"timeout 10 tail -c {OUTPUT_TAIL_BYTES} {path}", timeout_seconds=30)
+    return (res.stdout or "")[-OUTPUT_TAIL_BYTES:]

@@ -25,6 +25,7 @@ from pandastack import Sandbox
 
 from . import guest
 from .connection import reset_refusals
+from .execstream import exec_stream
 from .failures import StepError, capacity_retry_after, describe_exit, kind_for_error, last_line
 from .outcome import FailureKind, JobOutcome, Timings
 from .reaper import delete_sandbox, reap_earlier_attempts
@@ -183,7 +184,10 @@ class JobRun:
         return out
 
     def execute(self, sb: Sandbox) -> tuple[int, float]:
-        """Run the command under the guest-side clock; return (exit code, seconds)."""
+        """Run the command under the guest-side clock; return (exit code, seconds).
+
+        The output streams through :func:`.execstream.exec_stream`, which keeps none of it
+        (the SDK's ``exec_stream`` keeps all of it)."""
         env = guest.job_env(self.spec.result_path, self.spec.env, self.workdir)
         folded = self._folded
         on_stdout: Callable[[str], None] = lambda chunk: self.output("stdout", chunk)  # noqa: E731
@@ -196,7 +200,8 @@ class JobRun:
             on_stdout = folded.reader_for(on_stdout)
         started = time.monotonic()
         try:
-            exit_code = sb.exec_stream(
+            exit_code = exec_stream(
+                sb,
                 command,
                 on_stdout=on_stdout,
                 on_stderr=lambda chunk: self.output("stderr", chunk),

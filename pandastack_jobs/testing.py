@@ -3,8 +3,8 @@
 :class:`FakeClient` *is* a ``pandastack.Client``; only its one HTTP method,
 ``Client._request``, is replaced by an in-memory server. Everything the core
 touches is therefore the SDK's own code: ``client.sandboxes`` (create, get,
-list, delete, fork), ``Sandbox.exec`` / ``exec_stream`` (the SSE parser, which
-raises ``ExecInterrupted`` on a stream with no exit event), ``filesystem``
+list, delete, fork), ``Sandbox.exec``, the exec stream (the SDK's ``exec_stream`` and the
+core's :mod:`.execstream`, which raise ``ExecInterrupted`` on a stream with no exit event), ``filesystem``
 (read, write, listdir, stat, with ``FileInfo`` parsing) and ``set_ttl``, and
 the SDK's own error mapping (a 5xx naming a timeout becomes ``SandboxTimeout``).
 A fake of the SDK's objects would drift from the SDK; a fake of its wire, as
@@ -182,6 +182,11 @@ class _RawResponse:
 
     def iter_lines(self, decode_unicode: bool = False) -> Iterator[str]:
         return self._lines if self._lines is not None else iter(())
+
+    def iter_content(self, chunk_size: int = 1) -> Iterator[bytes]:
+        """The lines as the wire's bytes (the core reads the exec stream this way)."""
+        for line in self.iter_lines():
+            yield f"{line}\n".encode()
 
     def close(self) -> None:
         return None
