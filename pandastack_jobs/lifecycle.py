@@ -228,6 +228,12 @@ class JobRun:
                     f"result file {self.spec.result_path} is not valid JSON ({exc}); "
                     "write it with json.dump(...) in the job",
                 ) from None
+            except RecursionError:  # the job's bytes, nested past the decoder's depth
+                raise StepError(
+                    FailureKind.RESULT_INVALID,
+                    f"result file {self.spec.result_path} is too deeply nested to decode; "
+                    "write a flatter JSON document",
+                ) from None
             has_result = True
         files = {
             p: self._read_capped(sb, p, self.spec.max_file_bytes, "collected file") for p in self.spec.collect

@@ -104,6 +104,18 @@ def test_a_bad_result_is_dead_lettered(fake: FakeClient, script: Script, kind: F
     assert fake.live() == []
 
 
+@pytest.mark.parametrize("max_result_bytes", [10**5, 2 * 1024 * 1024])  # the trailer, then the read
+def test_a_deeply_nested_result_is_invalid_not_a_crash(fake: FakeClient, max_result_bytes: int) -> None:
+    # 20 KB of brackets is past the JSON decoder's recursion limit: a RecursionError from a job's
+    # bytes must come back as the job's dead letter, not out of run_job as a bug (the queue
+    # consumer redelivered it as a consumer error).
+    depth = max_result_bytes // 5
+    fake.script("job", Script(raw_result=b"[" * depth + b"]" * depth))
+    outcome = run_job(fake, JobSpec(command="job", max_result_bytes=max_result_bytes))
+    assert outcome.kind is FailureKind.RESULT_INVALID and "too deeply nested" in outcome.reason
+    assert outcome.failure_class is FailureClass.DEAD_LETTER and fake.live() == []
+
+
 def test_a_result_that_is_not_a_regular_file_is_never_read(fake: FakeClient) -> None:
     def fifo(sb: object, call: object) -> None:
         fake.sandbox(sb.id).kinds[RESULT_PATH] = "p"  # type: ignore[attr-defined]
