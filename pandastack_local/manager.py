@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL_SECONDS = 300
 MAX_FORK_COUNT = 16
+# A memory fork of a sandbox already being forked (its agent quiesced for the checkpoint).
+MEMORY_FORK_BUSY = "sandbox busy: another fork of it is under way; retry when it ends"
 CAPACITY_RETRY_AFTER = "1"
 LOG_LINES = 2000
 TEMPLATE_BUILD_WAIT_SECONDS = 20.0  # a create waits this long for a template still being built
@@ -146,6 +148,7 @@ class SandboxManager:
         self._refilling: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.teardowns: set[asyncio.Task[None]] = set()
+        self.forking: set[str] = set()  # sandboxes with a memory fork (checkpoint) under way
         self.started = time.time()
 
     # ---- start-up and shutdown -------------------------------------------------
@@ -540,9 +543,16 @@ class SandboxManager:
             raise ApiError(
                 409, f"fork refused: require_memory: {self.backend.no_memory_fork}; {MEMORY_FORK_FIX}"
             )
+        if forker is not None and parent.id in self.forking:
+            # A second quiesce of the same agent would resume it under the first one's checkpoint.
+            raise ApiError(409, f"fork failed: {MEMORY_FORK_BUSY}")
         self._admit(parent.template, count, copy_of=parent.id)
         if forker is not None:
-            return await self._memory_fork(forker, parent, count)
+            self.forking.add(parent.id)
+            try:
+                return await self._memory_fork(forker, parent, count)
+            finally:
+                self.forking.discard(parent.id)
         parent_watch = self.watch(parent)
         children: list[Sandbox] = []
         try:

@@ -7,6 +7,7 @@ memory is refused before any child is made. Under gVisor the same requests see a
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -119,4 +120,28 @@ def test_a_code_contexts_state_is_in_each_child_exactly_when_memory_was_copied(
     finally:
         for child in children:
             child.kill()
+        parent.kill()
+
+
+def test_concurrent_forks_of_one_parent_never_lose_it(local_http: httpx.Client, ps_client: Any) -> None:
+    # Under gVisor three forks at once quiesced one agent three times: a refused one's resume
+    # reopened the listener under another's checkpoint and the parent was lost (500, killed).
+    parent = ps_client.sandboxes.create()
+    made: list[str] = []
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            replies = list(
+                pool.map(lambda _: local_http.post(f"/v1/sandboxes/{parent.id}/fork", json={}), range(3))
+            )
+        for reply in replies:
+            assert reply.status_code in (201, 409), reply.text
+            if reply.status_code == 201:
+                made += reply.json()["children"]
+            else:
+                assert "another fork of it is under way" in reply.json()["error"], reply.text
+        assert made, [r.text for r in replies]
+        assert parent.exec("echo alive").stdout == "alive\n"
+    finally:
+        for child_id in made:
+            local_http.delete(f"/v1/sandboxes/{child_id}")
         parent.kill()
