@@ -84,22 +84,17 @@ class Admission:
         limit_mb: int,
         count: int,
         copy_of: str | None = None,
+        reserved_mb: int = 0,
     ) -> str | None:
         """None when ``count`` sandboxes of ``limit_mb`` fit, else the 507's message. ``copy_of``:
         they are forks of that sandbox, and each starts with a copy of what it uses (memory under
-        gVisor, its disk's tmpfs pages under bwrap), not with the start reserve."""
+        gVisor, its disk's tmpfs pages under bwrap), not with the start reserve. ``reserved_mb``:
+        what admitted memory forks' children not started yet will take (``need_mb``)."""
         if self.budget_mb is None:
             return None
-        used = self.used_mb(occupants)
-        if self.policy == "limits":
-            used += pending_mb
-            need = limit_mb * count
-        else:
-            used += pending * START_RESERVE_MB
-            each = START_RESERVE_MB
-            if copy_of is not None:
-                each = max(each, self._usage_bytes(copy_of) // MB)
-            need = min(limit_mb, each) * count
+        used = self.used_mb(occupants) + reserved_mb
+        used += pending_mb if self.policy == "limits" else pending * START_RESERVE_MB
+        need = self.need_mb(limit_mb, count, copy_of)
         if used + need <= self.budget_mb:
             return None
         basis = "in use" if self.policy == "usage" else "of memory limits"
@@ -107,6 +102,15 @@ class Admission:
             f"insufficient host memory for sandbox: need {need} MB, {max(self.budget_mb - used, 0)} MB "
             f"free of the {self.budget_mb} MB budget ({used} MB {basis})"
         )
+
+    def need_mb(self, limit_mb: int, count: int, copy_of: str | None = None) -> int:
+        """What ``count`` new sandboxes of ``limit_mb`` count for (see ``refusal``)."""
+        if self.policy == "limits":
+            return limit_mb * count
+        each = START_RESERVE_MB
+        if copy_of is not None:
+            each = max(each, self._usage_bytes(copy_of) // MB)
+        return min(limit_mb, each) * count
 
     def relieve(self, occupants: list[Occupant]) -> str | None:
         """One pass of the pressure guard: over budget, squeeze the sandbox furthest above its

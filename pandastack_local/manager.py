@@ -149,6 +149,9 @@ class SandboxManager:
         self._tasks: list[asyncio.Task[None]] = []
         self.teardowns: set[asyncio.Task[None]] = set()
         self.forking: set[str] = set()  # sandboxes with a memory fork (checkpoint) under way
+        # What admitted memory forks' children not registered yet will use: admission counts it,
+        # so two forks at once cannot each be admitted against the same free memory.
+        self.fork_reserved_mb = 0
         self.started = time.time()
 
     # ---- start-up and shutdown -------------------------------------------------
@@ -322,7 +325,13 @@ class SandboxManager:
         if limit is not None and len(self.sandboxes) + self.pending + count > limit:
             raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})
         refusal = self.admission.refusal(
-            self._occupants(), self.pending_memory_mb, self.pending, template.memory_mb, count, copy_of
+            self._occupants(),
+            self.pending_memory_mb,
+            self.pending,
+            template.memory_mb,
+            count,
+            copy_of,
+            self.fork_reserved_mb,
         )
         if refusal is not None:
             raise ApiError(507, refusal, {"Retry-After": CAPACITY_RETRY_AFTER})
@@ -548,11 +557,15 @@ class SandboxManager:
             raise ApiError(409, f"fork failed: {MEMORY_FORK_BUSY}")
         self._admit(parent.template, count, copy_of=parent.id)
         if forker is not None:
+            each = self.admission.need_mb(parent.template.memory_mb, 1, copy_of=parent.id)
             self.forking.add(parent.id)
+            reserve = [each] * count  # one share per child, given back once it is registered
+            self.fork_reserved_mb += sum(reserve)
             try:
-                return await self._memory_fork(forker, parent, count)
+                return await self._memory_fork(forker, parent, count, reserve)
             finally:
                 self.forking.discard(parent.id)
+                self.fork_reserved_mb -= sum(reserve)
         parent_watch = self.watch(parent)
         children: list[Sandbox] = []
         try:
@@ -589,9 +602,13 @@ class SandboxManager:
         parent.log(f"forked into {', '.join(c.id for c in children)}")
         return children
 
-    async def _memory_fork(self, backend: MemoryForker, parent: Sandbox, count: int) -> list[Sandbox]:
+    async def _memory_fork(
+        self, backend: MemoryForker, parent: Sandbox, count: int, reserve: list[int]
+    ) -> list[Sandbox]:
         """Checkpoint the parent (it keeps running) and restore each child from the image: the
-        children start with a copy of the parent's memory, processes and files."""
+        children start with a copy of the parent's memory, processes and files. ``reserve``: the
+        admission shares of the children still to come (one is given back per child registered,
+        which then counts for what it uses)."""
         image = parent.process.directory / f"fork-{uuid.uuid4().hex[:8]}"
         backend.prepare_quiesce(parent.process)
         try:
@@ -634,6 +651,7 @@ class SandboxManager:
                     )
                     child.log(f"forked from {parent.id} (memory copied: checkpoint + restore)")
                     self.sandboxes[name] = child
+                    self.fork_reserved_mb -= reserve.pop()
                     children.append(child)
             except BaseException:
                 for child in children:

@@ -180,3 +180,19 @@ def test_a_fork_is_admitted_by_what_each_child_copies(make_local_server, make_te
             client.sandboxes.delete(child)
     finally:
         parent.kill()
+
+
+@pytest.mark.skipif(not GVISOR, reason="a bwrap fork copies no memory: each child is admitted by its create")
+def test_two_memory_forks_at_once_are_not_both_admitted_against_the_same_memory(make_local_server) -> None:
+    """Two parents of 2048 MB and room for one more: two forks at once were both admitted (the
+    children of neither were counted yet), taking the host 2 GB past the budget."""
+    server = make_local_server(memory_budget_mb=6500, pool_size=0, admission="limits")
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+        parents = [http.post("/v1/sandboxes", json={"template": "base"}).json()["id"] for _ in range(2)]
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda p: http.post(f"/v1/sandboxes/{p}/fork", json={}), parents))
+        assert sorted(r.status_code for r in replies) == [201, 507], [r.text for r in replies]
+        refused = next(r for r in replies if r.status_code == 507)
+        assert refused.json()["error"].startswith("insufficient host memory for sandbox"), refused.text
+        assert len(http.get("/v1/sandboxes").json()) == 3
