@@ -218,8 +218,15 @@ class JobRun:
         has_result = False
         if self.spec.result_path is not None:
             raw = self._folded.result() if self._folded is not None else None
-            if raw is None:  # no fast answer: stat, check and read the file, naming what is wrong
-                raw = self._read_capped(sb, self.spec.result_path, self.spec.max_result_bytes, "result")
+            if raw is not None:
+                try:
+                    result = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+                    return result, True, self._collect_files(sb)
+                except (UnicodeDecodeError, ValueError, RecursionError):
+                    # Mixed with a background process's output, say: the file itself decides.
+                    pass
+            # No fast answer (or none that decodes): stat, check and read the file, naming what is wrong.
+            raw = self._read_capped(sb, self.spec.result_path, self.spec.max_result_bytes, "result")
             try:
                 result = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
             except (UnicodeDecodeError, ValueError) as exc:
@@ -235,10 +242,12 @@ class JobRun:
                     "write a flatter JSON document",
                 ) from None
             has_result = True
-        files = {
+        return result, has_result, self._collect_files(sb)
+
+    def _collect_files(self, sb: Sandbox) -> dict[str, bytes]:
+        return {
             p: self._read_capped(sb, p, self.spec.max_file_bytes, "collected file") for p in self.spec.collect
         }
-        return result, has_result, files
 
     def teardown(self) -> str | None:
         """Delete the sandbox; return the error text if that failed (404 counts as deleted)."""

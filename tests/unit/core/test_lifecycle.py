@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import tracemalloc
 
 import pandastack
 import pytest
@@ -291,6 +292,20 @@ def test_a_stream_without_an_exit_is_a_lost_sandbox_never_a_success(fake: FakeCl
     assert outcome.kind is FailureKind.SANDBOX_LOST and outcome.redeliver and not outcome.ok
 
 
+def test_a_job_printing_without_end_costs_run_job_only_its_tail(fake: FakeClient) -> None:
+    # The SDK's exec_stream keeps every chunk: 200 MB printed by a job cost run_job 228 MB.
+    chunk = "a" * 65536
+    fake.script("job", stdout=[chunk] * 512, stderr=[chunk] * 256, result=1)  # 48 MiB of output
+    tracemalloc.start()
+    try:
+        outcome = run_job(fake, JobSpec(command="job"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.ok and outcome.result == 1 and outcome.stdout_tail.endswith("a" * 1000)
+    assert peak < 8 * 1024 * 1024, f"run_job held {peak} bytes of a 48 MiB output"
+
+
 def test_a_dropped_stream_is_a_lost_sandbox(fake: FakeClient) -> None:
     fake.script("job", result=1, stream_ends="drop")
     assert run_job(fake, JobSpec(command="job")).kind is FailureKind.SANDBOX_LOST
@@ -315,3 +330,18 @@ def test_a_sandbox_deleted_under_the_result_read_is_lost_not_missing(fake: FakeC
 
     fake.script("job", Script(action=vanish))
     assert run_job(fake, JobSpec(command="job")).kind is FailureKind.SANDBOX_LOST
+
+
+def test_background_output_inside_the_trailer_falls_back_to_the_file(fake: FakeClient, monkeypatch) -> None:
+    """A job's background process can write between the trailer's marks: the fast answer no
+    longer decodes, so the result file itself is read and judged (found by a red-team pass)."""
+    played = fake._trailer
+
+    def mixed(sb, trailer):  # what a background writer does to the guest's stdout
+        opening, data, closing = played(sb, trailer)
+        return [opening, data, "bg says hi\n", closing]
+
+    monkeypatch.setattr(fake, "_trailer", mixed)
+    fake.script("job", result={"a": 1})
+    outcome = run_job(fake, JobSpec(command="job"))
+    assert outcome.ok and outcome.result == {"a": 1}, outcome.reason
