@@ -162,7 +162,8 @@ def test_fork_children_are_siblings_with_their_own_namespaces_uid_and_cgroup(
             want = _limits(fresh.id)
         finally:
             fresh.kill()
-        assert {k.split("/")[0] for k in want} >= {"memory", "pids"}, want
+        if security_server.uid() == 0:  # a non-root server has no cgroups to give (its own limits only)
+            assert {k.split("/")[0] for k in want} >= {"memory", "pids"}, want
         for name, sb in boxes.items():
             assert _limits(sb.id) == want, f"{name}'s cgroup limits are not a fresh sandbox's"
     finally:
