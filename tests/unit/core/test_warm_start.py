@@ -283,3 +283,18 @@ def test_the_command_runs_attach_isolated_with_the_cold_argv_quoted() -> None:
     )
     with pytest.raises(ValueError):
         standby.command([])
+
+
+def test_a_check_the_server_cannot_answer_keeps_the_standby(fake: FakeClient) -> None:
+    import pandastack
+
+    _runner_ready(fake)
+    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
+    try:
+        _until(lambda: pool.ready == 1)
+        (sid,) = _standbys(fake)
+        fake.fail("exec_stream", pandastack.ServerError("upstream hiccup"), match="kill -0", times=3)
+        _until(lambda: not any(f.op == "exec_stream" for f in fake._failures))  # all three were hit
+        assert pool.waiting() == [sid] and sid in fake.live()  # unknown is not dead
+    finally:
+        pool.close()
