@@ -357,6 +357,7 @@ class JobRun:
             teardown_error=teardown_error,
             job_id=key.job_id if key else None,
             try_number=key.try_number if key else None,
+            standby=self.warm,
             **outcome_kw,
         )
 

@@ -96,7 +96,7 @@ def test_a_job_through_a_standby_runs_in_the_warm_interpreter(pool, ps_client) -
     assert meta[STANDBY_LABEL] == WARM.key() and meta["suite"] == "warm"
     outcome = _run(ps_client, standby, _spec())
     assert outcome.ok, outcome.reason
-    assert outcome.sandbox_id == standby.sandbox_id
+    assert outcome.sandbox_id == standby.sandbox_id and outcome.standby is True
     assert outcome.result == {
         "warm_env": "1",
         "preloaded": True,
@@ -249,6 +249,7 @@ def test_a_standby_deleted_before_take_falls_back_to_a_fresh_cold_sandbox(pool, 
     )
     assert outcome.ok, outcome.reason
     assert created and created[0] != standby.sandbox_id and outcome.sandbox_id == created[0]
+    assert outcome.standby is False
     assert outcome.result["preloaded"] is False and outcome.result["argv"] == ["a b", "$HOME"]
 
 
