@@ -33,6 +33,7 @@ from typing import Any
 from airflow_provider.executors.models import SandboxExecutionRef
 from airflow_provider.executors.pandastack_executor import ALIAS_CONFIG
 from benchmarks.common import log, machine, ratio, summary, write_json
+from pandastack_jobs.warm_start import CHECK_COMMAND
 from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,8 +107,8 @@ class Gone:
 
 
 def wait_standbys_ready(stack: ExecutorStack, size: int, limit: float = 300) -> None:
-    """Until ``size`` standbys exist and the executor's log says none is being filled (a pool
-    refills in the background after each warm run: the next warm run should find it full)."""
+    """Until ``size`` standbys exist with their runner listening (a pool refills in the
+    background after each warm run: the next warm run should find it full)."""
     client = stack.server.client()
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -120,7 +121,7 @@ def wait_standbys_ready(stack: ExecutorStack, size: int, limit: float = 300) -> 
 
 def _ready(sb: Any) -> bool:
     try:
-        res = sb.exec(f"test -e {READY_MARKER}", timeout_seconds=30)
+        res = sb.exec(CHECK_COMMAND, timeout_seconds=30)  # the pool's own liveness check
     except Exception:
         return False
     return res.exit_code == 0

@@ -55,6 +55,7 @@ from pandastack_jobs import (
 )
 from pandastack_jobs.failures import describe_exit
 from pandastack_jobs.spec import DEFAULT_TEMPLATE
+from pandastack_jobs.warm_start import STANDBY_LABEL
 
 from .contract import SandboxDriver, SandboxDriverFactory
 from .models import (
@@ -89,8 +90,6 @@ SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 # Written into a standby when a try takes it: {"request_id": ..., "labels": {...}} (JSON).
 REQUEST_PATH = f"{guest.DETACHED_DIR}/airflow_request.json"
 REQUEST_FILE_LIMIT = 4096
-# The core's standby label (StandbyPool writes it on every standby's metadata).
-STANDBY_LABEL = "pandastack.standby"
 
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
@@ -171,8 +170,10 @@ class PandaStackDriver(SandboxDriver):
         template = request.provider_config.get("template", DEFAULT_TEMPLATE)
         try:
             return self._warm.take(template, request.command, request.env)
-        except Exception:  # noqa: BLE001 - a pool in trouble never stops a try: it goes cold
-            logger.warning("could not take a standby for %s; launching cold", request.request_id, exc_info=True)
+        except Exception:  # a pool in trouble never stops a try: it goes cold
+            logger.warning(
+                "could not take a standby for %s; launching cold", request.request_id, exc_info=True
+            )
             return None
 
     def _launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
@@ -307,7 +308,9 @@ class PandaStackDriver(SandboxDriver):
             found.setdefault(request_id, labels)
         return found
 
-    def _standby_tries(self, client: pandastack.Client, listing: Any) -> dict[str, tuple[str, dict[str, str]]]:
+    def _standby_tries(
+        self, client: pandastack.Client, listing: Any
+    ) -> dict[str, tuple[str, dict[str, str]]]:
         """Taken standbys this driver did not launch: request id -> (sandbox id, the try's labels),
         read (bounded) from the file the launching driver wrote; idle standbys have none."""
         mine = {sid for sid in list(self._launched.values()) if sid}
@@ -323,7 +326,8 @@ class PandaStackDriver(SandboxDriver):
                 continue  # gone, or not a try's file: the standby's TTL is its backstop
             if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
                 continue
-            labels = body.get("labels") if isinstance(body.get("labels"), dict) else {}
+            labels = body.get("labels")
+            labels = labels if isinstance(labels, dict) else {}
             found[body["request_id"]] = (sb.id, {k: str(labels.get(k, "")) for k in LABEL_KEYS})
         return found
 

@@ -77,7 +77,7 @@ def fits(warm: WarmStart, template: str, argv: Sequence[str], env: Mapping[str, 
 
 
 class _Pool(Protocol):
-    def start(self) -> None: ...
+    def start(self) -> object: ...
     def take(self) -> Standby | None: ...
     def close(self) -> None: ...
 
@@ -101,7 +101,9 @@ class WarmPools:
         self._pools: dict[str, tuple[WarmStart, _Pool]] = {}
         for warm in warms:
             if warm.key() not in self._pools:
-                pool = pool_factory(client_factory, warm, size=size, metadata=dict(metadata), redactor=redactor)
+                pool = pool_factory(
+                    client_factory, warm, size=size, metadata=dict(metadata), redactor=redactor
+                )
                 self._pools[warm.key()] = (warm, pool)
 
     @property
@@ -124,5 +126,5 @@ class WarmPools:
         for key, (_, pool) in self._pools.items():
             try:
                 pool.close()
-            except Exception:  # noqa: BLE001 - the standbys' idle TTL is the backstop
+            except Exception:  # the standbys' idle TTL is the backstop
                 logger.warning("could not close the standby pool %s", key, exc_info=True)
