@@ -109,7 +109,8 @@ class PandaStackDriver(SandboxDriver):
         self._redact = redactor or Redactor()
         self._redact.add(connection.api_key)
         self._warm: WarmPools | None = None
-        # request id -> the sandbox its launch got (None until it has one), for fence and terminate.
+        # request id -> the standby its launch took (None: none, or not yet), for fence and
+        # terminate; a cold try leaves once launched (its metadata carries the request id).
         self._launched: dict[str, str | None] = {}
 
     def open_standbys(
@@ -185,7 +186,6 @@ class PandaStackDriver(SandboxDriver):
         labels = request.provider_config.get("labels") or {}
 
         def tell_the_sandbox_its_id(sandbox_id: str) -> None:
-            self._launched[request.request_id] = sandbox_id
             files = client.sandboxes.get(sandbox_id).filesystem
             files.write(SANDBOX_ID_PATH, sandbox_id.encode())
             if standby is not None and sandbox_id == standby.sandbox_id:
@@ -202,10 +202,11 @@ class PandaStackDriver(SandboxDriver):
             if started.kind is FailureKind.CAPACITY:
                 raise SandboxCapacityError(started.reason, started.retry_after or 1.0)
             raise SandboxLaunchError(f"sandbox launch failed ({started.kind}): {started.reason}")
-        self._launched[request.request_id] = started.sandbox_id
         data = started.to_dict()
         if standby is not None and started.sandbox_id == standby.sandbox_id:
             data["standby"] = standby.warm.key()  # this try ran warm (the bench and tests read it)
+        else:  # a cold sandbox (also a standby found gone): its metadata names the request
+            self._launched.pop(request.request_id, None)
         return SandboxHandle(data, display_name=started.sandbox_id)
 
     async def launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
@@ -356,7 +357,7 @@ class PandaStackDriver(SandboxDriver):
 
         deleted = sweep(client, ours)
         if request_id in self._launched:
-            by_id = {self._launched[request_id]} - {None}  # the standby it took, or its cold sandbox
+            by_id = {self._launched[request_id]} - {None}  # the standby it took, if any
         else:  # launched by a scheduler before this one: it may run in a taken standby
             tries = self._standby_tries(client, client.sandboxes.list())
             by_id = {tries[request_id][0]} if request_id in tries else set()
