@@ -20,6 +20,7 @@ API round trips through the egress relay; end -> gone = log copy-back and delete
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -203,6 +204,8 @@ def measure(tasks: int, rounds: int, size: int) -> dict[str, Any]:
             "AIRFLOW__CORE__PARALLELISM": str(tasks),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(tasks),
             "AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE": str(size),
+            # This checkout's provider in the sandbox, whatever an editable install points at.
+            "AIRFLOW__PANDASTACK_EXECUTOR__ENV": json.dumps({"PYTHONPATH": str(ROOT)}),
         },
     )
     gone = Gone(stack)
