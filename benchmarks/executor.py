@@ -232,7 +232,12 @@ def measure(tasks: int, rounds: int, size: int) -> dict[str, Any]:
         left = gone.standbys()  # the scheduler's end() closed the pool
         stack.server.close()
         shutil.rmtree(home, ignore_errors=True)
-    out: dict[str, Any] = {"standby_rss_mib": rss, "load_avg_end": load_end, "standbys_left": len(left)}
+    out: dict[str, Any] = {
+        "warm_pool_size": size,
+        "standby_rss_mib": rss,
+        "load_avg_end": load_end,
+        "standbys_left": len(left),
+    }
     for kind, shape in legs:
         tis = [t for run in runs[(kind, shape)] for t in run["tis"]]
         leg: dict[str, Any] = {

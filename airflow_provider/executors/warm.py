@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 IMPORT_ENV_PREFIXES = ("AIRFLOW", "PYTHON", "LD_")
 MAX_POOL_SIZE = 64
 OPTION = "warm_pool_size"
+# Standbys started at once while a pool refills after a burst (two: the refill of six taken at
+# once should not take six serial starts, nor take every core from the tries running).
+FILL_CONCURRENCY = 2
 
 
 def pool_size(get: Any, section: str) -> int:

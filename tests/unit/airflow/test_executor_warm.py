@@ -76,7 +76,7 @@ def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDrive
 def warm_driver(driver: PandaStackDriver, fake: FakeClient, size: int = 1) -> ScriptedPool:
     pools: list[ScriptedPool] = []
 
-    def factory(client_factory: Any, warm: WarmStart, *, size: int, metadata: Any, redactor: Any) -> Any:
+    def factory(client_factory: Any, warm: WarmStart, *, size: int, metadata: Any, **kwargs: Any) -> Any:
         pools.append(ScriptedPool(fake, warm, size, metadata))
         return pools[-1]
 
