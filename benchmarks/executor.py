@@ -34,7 +34,7 @@ from typing import Any
 from airflow_provider.executors.models import SandboxExecutionRef
 from airflow_provider.executors.pandastack_executor import ALIAS_CONFIG
 from benchmarks.common import log, machine, ratio, summary, write_json
-from pandastack_jobs.warm_start import CHECK_COMMAND
+from pandastack_jobs.warm_start import CHECK_COMMAND, PID_PATH
 from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,20 +171,23 @@ def p50_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 1) if values else float("nan")
 
 
-def standby_rss_mib(stack: ExecutorStack) -> list[float]:
-    """Each idle standby's memory: the RSS of every process in it (the runner with the Task SDK
-    imported, the sandbox's agent), summed from its own /proc."""
-    out = []
+def standby_rss_mib(stack: ExecutorStack) -> dict[str, list[float]]:
+    """Each idle standby's memory: the runner's RSS (the Task SDK imported) and the RSS of every
+    process in the sandbox (the runner and the sandbox's agent), from its own /proc."""
+    out: dict[str, list[float]] = {"runner": [], "sandbox": []}
     client = stack.server.client()
     for sb in client.sandboxes.list():
         if STANDBY_LABEL not in (sb.metadata or {}):
             continue
         res = sb.exec(
-            "awk '/^VmRSS:/ {s += $2} END {print s}' /proc/[0-9]*/status 2>/dev/null", timeout_seconds=30
+            f"awk '/^VmRSS:/ {{print $2}}' /proc/$(cat {PID_PATH})/status; "
+            "awk '/^VmRSS:/ {s += $2} END {print s}' /proc/[0-9]*/status 2>/dev/null",
+            timeout_seconds=30,
         )
-        text = (res.stdout or "").strip()[:32]
-        if text.isdigit():
-            out.append(round(int(text) / 1024, 1))
+        lines = (res.stdout or "")[:64].split()
+        if len(lines) == 2 and all(x.isdigit() for x in lines):
+            out["runner"].append(round(int(lines[0]) / 1024, 1))
+            out["sandbox"].append(round(int(lines[1]) / 1024, 1))
     return out
 
 
@@ -211,7 +214,7 @@ def measure(tasks: int, rounds: int, size: int) -> dict[str, Any]:
     gone = Gone(stack)
     legs = [(kind, shape) for shape in SHAPES for kind in KINDS]
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {leg: [] for leg in legs}
-    rss: list[float] = []
+    rss: dict[str, list[float]] = {}
     try:
         log(f"executor bench: stack up; 1 and {tasks} tasks per run, {rounds} rounds, {size} standbys")
         for kind, shape in legs:  # warm-up: imports, page cache, the template's pool

@@ -314,7 +314,8 @@ def executor_section() -> str:
     )
     t = e["targets"]
     met = {True: "met", False: "missed"}
-    rss = e.get("standby_rss_mib") or []
+    rss = e.get("standby_rss_mib") or {}
+    runner, whole = rss.get("runner") or [], rss.get("sandbox") or []
     return f"""## Airflow executor: `PandaStackExecutor` (cold and warm) vs `LocalExecutor`
 
 One scheduler with both executors (SQLite, one api-server, `warm_pool_size = {e["warm_pool_size"]}`),
@@ -331,8 +332,9 @@ launch time the executor persists, and when the sandbox leaves the server's list
 **Queued to end per task at the median, over LocalExecutor: one at a time cold {e["ratio_cold_one"]}x,
 warm {e["ratio_warm_one"]}x (target <= 2x: {met[t["one at a time: warm/local <= 2"]]}); {e["tasks"]} at
 once cold {e["ratio_cold_six"]}x, warm {e["ratio_warm_six"]}x (target <= 3x:
-{met[t["six at once: warm/local <= 3"]]}).** An idle standby's RSS (every process in it):
-{", ".join(f"{r} MiB" for r in rss) or "not measured"}. Where a try's time goes
+{met[t["six at once: warm/local <= 3"]]}).** An idle standby's RSS: the runner
+{", ".join(f"{r}" for r in runner) or "-"} MiB, every process in the sandbox
+{", ".join(f"{r}" for r in whole) or "-"} MiB. Where a try's time goes
 ({e["tasks"]} at once, p50 ms):
 
 {table(["leg", "step", "p50 ms"], parts)}
