@@ -1,20 +1,25 @@
-"""(issue 17 item 7) Per-task overhead of ``PandaStackExecutor`` against ``LocalExecutor``.
+"""(issue 17 item 7, issue 27 item 3) Per-task overhead of ``PandaStackExecutor``, cold and warm,
+against ``LocalExecutor``.
 
-``python -m benchmarks.executor [--tasks N] [--rounds R]`` (in ``.venv-airflow``). One
-scheduler with ``executor = LocalExecutor,PandaStackExecutor:airflow_provider.executors.PandaStackExecutor``
-on SQLite, one api-server, one pandastack-local (the workers' venv as template, egress to the
-api-server only), and the same DAG of N independent trivial ``@task``s twice: ``bench_local``
-on LocalExecutor and ``bench_pandastack`` on PandaStackExecutor. Runs alternate (after one
-warm-up run of each), so machine drift hits both alike.
+``python -m benchmarks.executor [--tasks N] [--rounds R] [--warm-pool-size S]`` (in ``.venv-airflow``).
+One scheduler with ``executor = LocalExecutor,PandaStackExecutor:airflow_provider.executors.
+PandaStackExecutor`` and ``[pandastack_executor] warm_pool_size = S`` (default N) on SQLite, one api-server, one
+pandastack-local (the workers' venv as template, egress to the api-server only), and the same
+trivial ``@task`` DAGs on three legs: ``local`` (LocalExecutor), ``cold`` (PandaStackExecutor with
+a task env in the import environment, ``PYTHON_BENCH_LEG``, which keeps it off the standbys: the
+cold path exactly) and ``warm`` (a ready standby, the bench waits for the pool to be full before
+each warm run). Each leg runs one try at a time (``one``) and N at once (``six``); runs alternate
+(after one warm-up run of each), so machine drift hits every leg alike.
 
 Every figure comes from timestamps one can observe: the TI's ``queued_dttm``, ``start_date``
 (the task runner's first Execution API call, i.e. Airflow is up inside the process/sandbox) and
 ``end_date``; the workload's launch time inside the sandbox (``started_at`` of the handle the
-executor persists in ``external_executor_id``); and when the sandbox disappears from the
-server's list (a 0.2 s sampler). Per PandaStack try:
-queued -> launched = pick-up + sandbox create + the id file; launched -> start = Airflow start-up
-inside the sandbox (interpreter, imports, DAG parse); start -> end = the task with its Execution
-API round trips through the egress relay; end -> gone = log copy-back and delete.
+executor persists in ``external_executor_id``, which also says whether the try ran warm); and
+when the sandbox disappears from the server's list (a 0.2 s sampler). Per PandaStack try:
+queued -> launched = pick-up + sandbox create (or standby take) + the id file; launched -> start
+= Airflow start-up inside the sandbox (cold: interpreter, imports, DAG parse; warm: the fork and
+the DAG parse); start -> end = the task with its Execution API round trips through the egress
+relay; end -> gone = log copy-back and delete. The load average is printed at the start and end.
 """
 
 from __future__ import annotations
