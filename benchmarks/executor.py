@@ -3,8 +3,8 @@ against ``LocalExecutor``.
 
 ``python -m benchmarks.executor [--tasks N] [--rounds R] [--warm-pool-size S]`` (in ``.venv-airflow``).
 One scheduler with ``executor = LocalExecutor,PandaStackExecutor:airflow_provider.executors.
-PandaStackExecutor`` and ``[pandastack_executor] warm_pool_size = S`` (default N) on SQLite, one api-server, one
-pandastack-local (the workers' venv as template, egress to the api-server only), and the same
+PandaStackExecutor`` and ``[pandastack_executor] warm_pool_size = S`` (default N) on SQLite, one
+api-server, one pandastack-local (the workers' venv as template, egress to the api-server only), and the same
 trivial ``@task`` DAGs on three legs: ``local`` (LocalExecutor), ``cold`` (PandaStackExecutor with
 a task env in the import environment, ``PYTHON_BENCH_LEG``, which keeps it off the standbys: the
 cold path exactly) and ``warm`` (a ready standby, the bench waits for the pool to be full before
