@@ -174,6 +174,7 @@ class StandbyPool:
         redactor: Redactor | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         runner_idle_seconds: int = DEFAULT_RUNNER_IDLE,
+        refresh_seconds: float | None = None,
     ) -> None:
         if size < 0 or fill_concurrency < 1 or idle_ttl < 10:
             raise ValueError("StandbyPool: size >= 0, fill_concurrency >= 1, idle_ttl >= 10 seconds")
@@ -186,6 +187,8 @@ class StandbyPool:
         self.redactor = redactor or Redactor()
         self.ready_timeout = ready_timeout
         self.runner_idle_seconds = runner_idle_seconds
+        self.refresh_seconds = refresh_seconds if refresh_seconds is not None else max(1.0, idle_ttl / 4)
+        """How often a waiting standby is checked (its idle TTL refreshed): well inside ``idle_ttl``."""
         self.key = warm.key()
         self.failures = 0
         """Consecutive failed fills (reset by a success): the back-off's exponent."""
@@ -223,6 +226,11 @@ class StandbyPool:
         """How many standbys are ready to take now."""
         with self._lock:
             return len(self._ready)
+
+    def waiting(self) -> list[str]:
+        """The sandbox ids of the ready standbys, oldest first (for logs and sweeps)."""
+        with self._lock:
+            return [sid for sid, _ in self._ready]
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop filling, cancel fills under way and delete every untaken standby (idempotent)."""
@@ -337,7 +345,7 @@ class StandbyPool:
 
     def _maintain(self) -> None:
         self._client = self.client_factory()
-        period = max(1.0, self.idle_ttl / 4)
+        period = self.refresh_seconds
         while True:
             with self._lock:
                 if self._closed:
