@@ -7,6 +7,15 @@ when it is installed, see :mod:`.contract`): ``health_check``, ``launch``, ``val
 sweep). Every sandbox carries the task try's pre-assigned UUID in its metadata, so ``fence``
 can find and delete every sandbox of a try even when its handle was never persisted.
 
+Warm starts (:mod:`.warm`): with standby pools opened (``open_standbys``) a launch takes a
+ready standby when the try fits one, and otherwise goes cold exactly as without pools. A
+standby was created before its try existed, so its metadata cannot carry the try's UUID: the
+driver remembers which sandbox each request took (``fence`` deletes it by id), and writes the
+request's id and labels into the standby (:data:`REQUEST_PATH`) before the try starts, so a
+scheduler that never saw the launch (a restart, another scheduler) still finds it by reading
+that file (``fence`` of an unknown request, ``list_requests``). What a task writes there can
+only point a fence or the orphan sweep at its own sandbox.
+
 The lifecycle pieces are the core's (``pandastack_jobs``): a detached job (create with
 TTL and metadata, launch in the background, poll one exit marker), failure
 classification with the capacity ``Retry-After``, idempotent delete and the
@@ -16,9 +25,11 @@ metadata sweep. This module only translates them to the contract.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shlex
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pandastack
@@ -34,6 +45,8 @@ from pandastack_jobs import (
     JobSpec,
     Redactor,
     SandboxGone,
+    Standby,
+    WarmStart,
     delete_sandbox,
     guest,
     poll_detached,
@@ -42,6 +55,7 @@ from pandastack_jobs import (
 )
 from pandastack_jobs.failures import describe_exit
 from pandastack_jobs.spec import DEFAULT_TEMPLATE
+from pandastack_jobs.warm_start import STANDBY_LABEL
 
 from .contract import SandboxDriver, SandboxDriverFactory
 from .models import (
@@ -53,6 +67,7 @@ from .models import (
     SandboxResult,
     SandboxState,
 )
+from .warm import PoolFactory, WarmPools
 
 __all__ = ["REQUEST_LABEL", "PandaStackDriver", "SandboxDriver", "SandboxDriverFactory", "SandboxLaunchError"]
 
@@ -72,6 +87,9 @@ LABEL_KEYS = {
 }
 # Written into each sandbox before the task starts: the task can tell which sandbox it runs in.
 SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
+# Written into a standby when a try takes it: {"request_id": ..., "labels": {...}} (JSON).
+REQUEST_PATH = f"{guest.DETACHED_DIR}/airflow_request.json"
+REQUEST_FILE_LIMIT = 4096
 
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
@@ -90,6 +108,27 @@ class PandaStackDriver(SandboxDriver):
         self._connection = connection
         self._redact = redactor or Redactor()
         self._redact.add(connection.api_key)
+        self._warm: WarmPools | None = None
+        # request id -> the standby its launch took (None: none, or not yet), for fence and
+        # terminate; a cold try leaves once launched (its metadata carries the request id).
+        self._launched: dict[str, str | None] = {}
+
+    def open_standbys(
+        self, warms: Sequence[WarmStart], size: int, *, pool_factory: PoolFactory | None = None
+    ) -> list[str]:
+        """Start one standby pool per warm key (``size`` ready standbys each); their keys.
+
+        Called by the executor's ``start``, never for the short-lived drivers of a log read.
+        """
+        if size <= 0 or self._warm is not None:
+            return [] if self._warm is None else self._warm.keys
+        extra = {} if pool_factory is None else {"pool_factory": pool_factory}
+        pools = WarmPools(
+            self._client, warms, size, metadata={"job_engine": ENGINE}, redactor=self._redact, **extra
+        )
+        pools.start()
+        self._warm = pools
+        return pools.keys
 
     def _client(self) -> pandastack.Client:
         # One client per call: the core records capacity refusals per thread and client.
@@ -126,20 +165,49 @@ class PandaStackDriver(SandboxDriver):
             key=key,
         )
 
+    def _take_standby(self, request: SandboxLaunchRequest) -> Standby | None:
+        if self._warm is None:
+            return None
+        template = request.provider_config.get("template", DEFAULT_TEMPLATE)
+        try:
+            return self._warm.take(template, request.command, request.env)
+        except Exception:  # a pool in trouble never stops a try: it goes cold
+            logger.warning(
+                "could not take a standby for %s; launching cold", request.request_id, exc_info=True
+            )
+            return None
+
     def _launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
         client = self._client()
+        self._launched.setdefault(request.request_id, None)
+        standby = self._take_standby(request)
+        if standby is not None:
+            self._launched[request.request_id] = standby.sandbox_id  # fenced by id from here on
+        labels = request.provider_config.get("labels") or {}
 
         def tell_the_sandbox_its_id(sandbox_id: str) -> None:
-            client.sandboxes.get(sandbox_id).filesystem.write(SANDBOX_ID_PATH, sandbox_id.encode())
+            files = client.sandboxes.get(sandbox_id).filesystem
+            files.write(SANDBOX_ID_PATH, sandbox_id.encode())
+            if standby is not None and sandbox_id == standby.sandbox_id:
+                body = {"request_id": request.request_id, "labels": dict(labels)}
+                files.write(REQUEST_PATH, json.dumps(body).encode())
 
+        warm: dict[str, Any] = {}
+        if standby is not None:
+            warm = {"standby": standby, "standby_command": standby.command(list(request.command))}
         started = start_detached(
-            client, self.spec_for(request), redactor=self._redact, on_created=tell_the_sandbox_its_id
+            client, self.spec_for(request), redactor=self._redact, on_created=tell_the_sandbox_its_id, **warm
         )
         if isinstance(started, JobOutcome):
             if started.kind is FailureKind.CAPACITY:
                 raise SandboxCapacityError(started.reason, started.retry_after or 1.0)
             raise SandboxLaunchError(f"sandbox launch failed ({started.kind}): {started.reason}")
-        return SandboxHandle(started.to_dict(), display_name=started.sandbox_id)
+        data = started.to_dict()
+        if standby is not None and started.sandbox_id == standby.sandbox_id:
+            data["standby"] = standby.warm.key()  # this try ran warm (the bench and tests read it)
+        else:  # a cold sandbox (also a standby found gone): its metadata names the request
+            self._launched.pop(request.request_id, None)
+        return SandboxHandle(data, display_name=started.sandbox_id)
 
     async def launch(self, request: SandboxLaunchRequest) -> SandboxHandle:
         return await asyncio.to_thread(self._launch, request)
@@ -228,13 +296,40 @@ class PandaStackDriver(SandboxDriver):
 
     def _list_requests(self) -> dict[str, dict[str, str]]:
         found: dict[str, dict[str, str]] = {}
-        for sb in self._client().sandboxes.list():
+        client = self._client()
+        listing = client.sandboxes.list()
+        for sb in listing:
             meta = sb.metadata or {}
             request_id = meta.get(REQUEST_LABEL)
             if meta.get("job_engine") == ENGINE and isinstance(request_id, str) and request_id:
                 found.setdefault(
                     request_id, {label: str(meta.get(key, "")) for label, key in LABEL_KEYS.items()}
                 )
+        for request_id, (_, labels) in self._standby_tries(client, listing).items():
+            found.setdefault(request_id, labels)
+        return found
+
+    def _standby_tries(
+        self, client: pandastack.Client, listing: Any
+    ) -> dict[str, tuple[str, dict[str, str]]]:
+        """Taken standbys this driver did not launch: request id -> (sandbox id, the try's labels),
+        read (bounded) from the file the launching driver wrote; idle standbys have none."""
+        mine = {sid for sid in list(self._launched.values()) if sid}
+        found: dict[str, tuple[str, dict[str, str]]] = {}
+        for sb in listing:
+            meta = sb.metadata or {}
+            if STANDBY_LABEL not in meta or meta.get("job_engine") != ENGINE or sb.id in mine:
+                continue
+            try:
+                res = sb.exec(f"head -c {REQUEST_FILE_LIMIT} {REQUEST_PATH} 2>/dev/null", timeout_seconds=30)
+                body = json.loads((res.stdout or "")[:REQUEST_FILE_LIMIT] or "null")
+            except (pandastack.PandastackError, ValueError):
+                continue  # gone, or not a try's file: the standby's TTL is its backstop
+            if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
+                continue
+            labels = body.get("labels")
+            labels = labels if isinstance(labels, dict) else {}
+            found[body["request_id"]] = (sb.id, {k: str(labels.get(k, "")) for k in LABEL_KEYS})
         return found
 
     async def list_requests(self) -> dict[str, dict[str, str]]:
@@ -250,6 +345,9 @@ class PandaStackDriver(SandboxDriver):
     async def terminate(self, handle: SandboxHandle) -> None:
         job = DetachedJob.from_dict(dict(handle.data))
         await asyncio.to_thread(lambda: delete_sandbox(self._client(), job.sandbox_id, raise_errors=True))
+        for request_id, sandbox_id in list(self._launched.items()):
+            if sandbox_id == job.sandbox_id:
+                self._launched.pop(request_id, None)
 
     def _fence(self, request_id: str) -> list[str]:
         client = self._client()
@@ -258,9 +356,19 @@ class PandaStackDriver(SandboxDriver):
             return bool(meta.get(REQUEST_LABEL) == request_id)
 
         deleted = sweep(client, ours)
-        left = [sb.id for sb in client.sandboxes.list() if ours(sb.metadata or {})]
+        if request_id in self._launched:
+            by_id = {self._launched[request_id]} - {None}  # the standby it took, if any
+        else:  # launched by a scheduler before this one: it may run in a taken standby
+            tries = self._standby_tries(client, client.sandboxes.list())
+            by_id = {tries[request_id][0]} if request_id in tries else set()
+        for sandbox_id in sorted(str(s) for s in by_id):
+            if delete_sandbox(client, sandbox_id, raise_errors=True) and sandbox_id not in deleted:
+                deleted.append(sandbox_id)
+        listing = client.sandboxes.list()
+        left = [sb.id for sb in listing if ours(sb.metadata or {}) or sb.id in by_id]
         if left:
             raise SandboxLaunchError(f"could not delete sandbox(es) {left} of request {request_id}; retrying")
+        self._launched.pop(request_id, None)
         if deleted:
             logger.info("fenced request %s: deleted %s", request_id, deleted)
         return deleted
@@ -269,4 +377,7 @@ class PandaStackDriver(SandboxDriver):
         await asyncio.to_thread(self._fence, request_id)
 
     async def close(self) -> None:
-        return None
+        """Close the standby pools: their untaken standbys are deleted (a taken one ends with its try)."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            await asyncio.to_thread(warm.close)

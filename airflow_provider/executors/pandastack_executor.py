@@ -10,7 +10,8 @@ Celery or Kubernetes worker.
 What is PandaStack's here: the connection and driver, the launch configuration
 (:mod:`.launch`: ``template``, ``timeout``, ``ttl``, ``env``, validated by the core's job
 declaration), the sandbox's runtime environment, the task-log relay (:mod:`.task_logs`) and
-the orphan sweep (:mod:`.orphans`).
+the orphan sweep (:mod:`.orphans`), and warm starts (:mod:`.warm`: ``warm_pool_size`` standbys
+with the Task SDK already imported, opt-in).
 
 Configuration lives in the ``[pandastack_executor]`` section; a task overrides
 ``template``, ``timeout``, ``ttl`` and ``env`` with ``executor_config={"pandastack": {...}}``.
@@ -24,7 +25,7 @@ from typing import Any, ClassVar
 from airflow.executors.base_executor import get_execution_api_server_url
 from airflow.executors.workloads import ExecuteTask
 
-from pandastack_jobs import Redactor
+from pandastack_jobs import Redactor, WarmStart
 
 from .contract import SandboxDriver
 from .driver import PandaStackDriver
@@ -34,6 +35,7 @@ from .launch import PandaStackLaunchConfig
 from .models import SandboxExecutionRef, SandboxLaunchConfig, SandboxOutput, SandboxResult, SandboxState
 from .orphans import OrphanSweep
 from .task_logs import GUEST_LOG_FOLDER, TaskLogRelay, failure_lines
+from .warm import pool_size
 
 CONFIG_SECTION = "pandastack_executor"
 # Beside an executor that does not pre-assign the try's UUID, Airflow gives it only to tasks whose
@@ -48,6 +50,9 @@ WORKER_CLIENT_OPTIONS = (
     "execution_api_retry_wait_min",
     "execution_api_retry_wait_max",
 )
+# What a standby's runner imports before its try arrives (never DAG code): the workload's entry
+# point, which pulls in the Task SDK's task runner, its API client and Airflow's configuration.
+WARM_MODULES: tuple[str, ...] = (WORKLOAD_MODULE,)
 
 
 class PandaStackExecutor(SandboxExecutorEngine):
@@ -73,6 +78,26 @@ class PandaStackExecutor(SandboxExecutorEngine):
         self.task_logs = TaskLogRelay(get("logging", "base_log_folder", fallback="") or "", self.log)
         sweep_every = float(get(section, "orphan_sweep_interval", fallback="60") or 0)
         self.orphans = OrphanSweep(sweep_every, self.driver_id, self.task_logs, self.log)
+        self.warm_pool_size = pool_size(get, section)
+
+    def start(self) -> None:
+        """Start the engine, then the standby pool when ``warm_pool_size`` asks for one."""
+        super().start()
+        if self.warm_pool_size and isinstance(self.driver, PandaStackDriver):
+            keys = self.driver.open_standbys([self.warm_start()], self.warm_pool_size)
+            self.log.info("%s: keeping %d standby(s) warm (key %s)", self.label, self.warm_pool_size, keys)
+
+    def warm_start(self) -> WarmStart:
+        """The one warm key: the section's template and env, as every try without overrides has them.
+
+        A try whose template or import environment differs (a task's ``executor_config``) goes cold.
+        """
+        return WarmStart(
+            template=self.launch_config.template,
+            python=self.python,
+            modules=WARM_MODULES,
+            env=self.runtime_env(dict(self.launch_config.env)),
+        )
 
     # -- driver and launch -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ files and the test searches them for the secrets the scheduler holds.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import sqlite3
 import tempfile
@@ -22,15 +23,20 @@ from typing import Any
 
 import pytest
 
+from airflow_provider.executors.models import SandboxExecutionRef
+from pandastack_jobs.warm_start import CHECK_COMMAND
 from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
 
 REPO = Path(__file__).resolve().parents[2]
+STANDBY = "pandastack.standby"
 DAG_FILE = Path(__file__).with_name("executor_dags") / "pandastack_executor_try.py"
 DAG_ID = "pandastack_executor_try"
 
 
-@pytest.fixture(scope="module")
-def stack(airflow_db: Path) -> Iterator[ExecutorStack]:
+@pytest.fixture(scope="module", params=["0", "3"], ids=["cold", "warm"])
+def stack(airflow_db: Path, request: pytest.FixtureRequest) -> Iterator[ExecutorStack]:
+    """The scheduler stack, cold (``warm_pool_size = 0``, the default) and with three standbys:
+    the same tries, the same guarantees (a sandbox per try, no secrets, nothing left)."""
     # Not tmp_path: pytest prunes old base temp dirs, and other pytest sessions on the machine could
     # remove this home (and its SQLite DB) while the scheduler runs.
     home = Path(tempfile.mkdtemp(prefix="ps-executor-airflow-"))
@@ -50,7 +56,13 @@ def stack(airflow_db: Path) -> Iterator[ExecutorStack]:
         dags,
         [str(dags), str(REPO)],
         "airflow_provider.executors.PandaStackExecutor",
-        {"AIRFLOW__CORE__PARALLELISM": "3", "AIRFLOW__PANDASTACK_EXECUTOR__TIMEOUT": "300"},
+        {
+            "AIRFLOW__CORE__PARALLELISM": "3",
+            "AIRFLOW__PANDASTACK_EXECUTOR__TIMEOUT": "300",
+            "AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE": request.param,
+            # This checkout's provider in the sandbox, wherever an editable install points.
+            "AIRFLOW__PANDASTACK_EXECUTOR__ENV": json.dumps({"PYTHONPATH": str(REPO)}),
+        },
         pool_size=0,
     )
     try:
@@ -74,6 +86,19 @@ def sandbox_tails(stack: ExecutorStack) -> str:
 
 @pytest.mark.timeout(1200)
 def test_every_try_runs_in_its_own_sandbox_with_no_secrets(stack: ExecutorStack) -> None:
+    warm = stack.env["AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE"] != "0"
+    if warm:  # the three standbys ready (their runner listening) before the run
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            ready = [
+                sb
+                for sb in stack.server.client().sandboxes.list()
+                if STANDBY in sb.metadata and sb.exec(CHECK_COMMAND, timeout_seconds=30).exit_code == 0
+            ]
+            if len(ready) == 3:
+                break
+            time.sleep(1)
+        time.sleep(1)
     run_id = stack.trigger(DAG_ID)
     try:
         state = stack.wait_run(DAG_ID, run_id)
@@ -95,6 +120,15 @@ def test_every_try_runs_in_its_own_sandbox_with_no_secrets(stack: ExecutorStack)
         path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
         return stack.rest("GET", path + "?deserialize=true")["value"]
 
+    handles = [
+        SandboxExecutionRef.decode(external, expected_driver="pandastack")
+        for (external,) in stack.query(
+            "select external_executor_id from task_instance where dag_id=? and run_id=?", DAG_ID, run_id
+        )
+    ]
+    ran_warm = sum(1 for ref in handles if ref is not None and ref.handle.data.get("standby"))
+    assert ran_warm >= 3 if warm else ran_warm == 0, ran_warm  # each ready standby served one try
+
     reports = [xcom("decorated"), xcom("python_op"), xcom("secrets_probe")["where"]]
     ids = {r["sandbox_id"] for r in reports} | {xcom("bash_op")}
     assert len(ids) == 4, reports  # one fresh sandbox per try, each id read inside it
@@ -115,10 +149,17 @@ def test_every_try_runs_in_its_own_sandbox_with_no_secrets(stack: ExecutorStack)
     assert str(stack.db) not in haystack
 
     # Every sandbox is deleted once the executor has seen its try end (and copied its log out).
+    def tries() -> list[str]:  # the pool's idle standbys stay until the scheduler ends
+        return [
+            sb.id
+            for sb in stack.server.client().sandboxes.list()
+            if sb.id in ids or STANDBY not in sb.metadata
+        ]
+
     deadline = time.monotonic() + 120
-    while stack.server.client().sandboxes.list() and time.monotonic() < deadline:
+    while tries() and time.monotonic() < deadline:
         time.sleep(1)
-    assert stack.server.client().sandboxes.list() == []
+    assert tries() == []
 
     # The failed try: exit code and the last lines of output in its task log, copied out of the sandbox.
     # The executor writes it on the heartbeat after the delete: give the scheduler loop a moment.

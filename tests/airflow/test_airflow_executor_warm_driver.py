@@ -1,0 +1,142 @@
+"""Warm starts of ``PandaStackDriver`` against a real pandastack-local server: the core's real
+``StandbyPool`` makes standbys (a runner with the module imported, waiting on its socket) and the
+driver launches tries into them.
+
+The try is a small module (``warmprobe``, shipped with the standbys) that prints its parent's
+command line: under the runner the parent is ``warm_runner.py``; cold it is the job's shell. A
+killed runner and a deleted standby must each still give a successful try, cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_provider.executors.driver import REQUEST_LABEL, PandaStackDriver
+from airflow_provider.executors.models import SandboxHandle, SandboxLaunchRequest, SandboxState
+from pandastack_jobs import ConnectionConfig, WarmStart
+from pandastack_jobs.warm_start import PID_PATH, STANDBY_LABEL, WARM_DIR
+
+PROBE = """
+import os, sys
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+print("PARENT=" + parent)
+print("TENANT=" + os.environ.get("TENANT", ""))
+sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+"""
+ENV = {"PYTHONPATH": WARM_DIR}  # a cold run finds the probe too
+
+
+def warm_start() -> WarmStart:
+    """The probe as the module the standby's runner imports (its top level must not run twice:
+    it is imported by name here, and ``runpy`` runs it as ``__main__`` in the try)."""
+    return WarmStart(
+        template="code-interpreter",
+        python="python3",
+        modules=("warmprobe",),
+        env=ENV,
+        files={f"{WARM_DIR}/warmprobe.py": "if __name__ == '__main__':\n" + _indent(PROBE)},
+    )
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" for line in text.strip().splitlines())
+
+
+@pytest.fixture
+def driver(local_server: Any) -> Iterator[PandaStackDriver]:
+    driver = PandaStackDriver(ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key))
+    driver.open_standbys([warm_start()], 1)
+    try:
+        yield driver
+    finally:
+        asyncio.run(driver.close())
+        for sb in local_server.client().sandboxes.list():
+            sb.kill()
+
+
+def ready_standby(local_server: Any, limit: float = 180) -> Any:
+    client = local_server.client()
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for sb in client.sandboxes.list():
+            if STANDBY_LABEL in (sb.metadata or {}):
+                if sb.exec(f"test -S {WARM_DIR}/runner.sock", timeout_seconds=30).exit_code == 0:
+                    time.sleep(0.5)  # the pool marks it ready right after the socket
+                    return sb
+        time.sleep(0.3)
+    raise AssertionError("no standby became ready")
+
+
+def request(env: dict[str, str] | None = None) -> SandboxLaunchRequest:
+    return SandboxLaunchRequest(
+        str(uuid.uuid4()),
+        ("python3", "-m", "warmprobe"),
+        {**ENV, "TENANT": "acme", **(env or {})},
+        provider_config={
+            "template": "code-interpreter",
+            "labels": {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"},
+        },
+        workdir=None,
+        timeout_seconds=60,
+        ttl_seconds=120,
+    )
+
+
+def run(driver: PandaStackDriver, req: SandboxLaunchRequest) -> tuple[SandboxHandle, str]:
+    handle = asyncio.run(driver.launch(req))
+    deadline = time.monotonic() + 120
+    while (result := asyncio.run(driver.get_status(handle))).state is SandboxState.RUNNING:
+        assert time.monotonic() < deadline, "the try did not end"
+        time.sleep(0.2)
+    output = asyncio.run(driver.get_output(handle))
+    assert result.state is SandboxState.SUCCEEDED, (result, output)
+    assert output is not None and "TENANT=acme" in output.stdout  # the try's own env, at run time
+    asyncio.run(driver.terminate(handle))
+    return handle, output.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_try_runs_under_the_standbys_runner(driver: PandaStackDriver, local_server: Any) -> None:
+    standby = ready_standby(local_server)
+    handle, out = run(driver, request())
+    assert handle.display_name == standby.id and handle.data["standby"] == warm_start().key()
+    assert "warm_runner.py" in out, out
+    assert standby.id not in {sb.id for sb in local_server.client().sandboxes.list()}  # gone with its try
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_runner_still_runs_the_try_cold_in_the_standby(
+    driver: PandaStackDriver, local_server: Any
+) -> None:
+    standby = ready_standby(local_server)
+    assert standby.exec(f'kill -9 "$(cat {PID_PATH})"', timeout_seconds=30).exit_code == 0
+    handle, out = run(driver, request())
+    assert handle.display_name == standby.id and "warm_runner.py" not in out, out
+
+
+@pytest.mark.timeout(600)
+def test_a_standby_deleted_before_launch_gives_a_cold_sandbox(
+    driver: PandaStackDriver, local_server: Any
+) -> None:
+    standby = ready_standby(local_server)
+    local_server.client().sandboxes.delete(standby.id)
+    req = request()
+    handle = asyncio.run(driver.launch(req))
+    sb = local_server.client().sandboxes.get(handle.display_name)
+    assert handle.display_name != standby.id and "standby" not in handle.data
+    assert sb.metadata[REQUEST_LABEL] == req.request_id
+    asyncio.run(driver.terminate(handle))
+
+
+@pytest.mark.timeout(600)
+def test_close_deletes_the_untaken_standbys(driver: PandaStackDriver, local_server: Any) -> None:
+    ready_standby(local_server)
+    asyncio.run(driver.close())
+    left = [sb.id for sb in local_server.client().sandboxes.list() if STANDBY_LABEL in (sb.metadata or {})]
+    assert left == []

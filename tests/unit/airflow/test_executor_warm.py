@@ -1,0 +1,216 @@
+"""Warm starts' bookkeeping in ``PandaStackDriver`` and the executor's option, on :class:`FakeClient`
+with a scripted pool (the real pool against a real server: tests/airflow/test_airflow_executor_warm.py).
+
+What must hold: a fitting try takes a ready standby and is fenced by that standby's id (its
+metadata cannot name the try); a scheduler that never saw the launch still finds and fences it
+(the request file); idle standbys are never taken for tries; anything that does not fit, or no
+ready standby, goes cold exactly as without pools; ``warm_pool_size`` is validated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from airflow_provider.executors.driver import REQUEST_LABEL, REQUEST_PATH, PandaStackDriver
+from airflow_provider.executors.models import SandboxConfigurationError, SandboxLaunchRequest
+from airflow_provider.executors.warm import fits, pool_size
+from pandastack_jobs import ConnectionConfig, DetachedJob, Standby, WarmStart
+from pandastack_jobs.testing import FAKE_KEY, FakeClient, Script
+from pandastack_jobs.warm_start import ATTACH_PATH, STANDBY_LABEL
+
+MODULE = "airflow.sdk.execution_time.execute_workload"
+ENV = {"AIRFLOW__CORE__DAGS_FOLDER": "/dags", "AIRFLOW_HOME": "/work/airflow"}
+WARM = WarmStart(template="airflow-worker", python="/venv/bin/python", modules=(MODULE,), env=ENV)
+LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"}
+
+
+class ScriptedPool:
+    """A pool whose standbys are sandboxes made at ``start`` on the fake server."""
+
+    made: list[ScriptedPool] = []
+
+    def __init__(self, fake: FakeClient, warm: WarmStart, size: int, metadata: dict[str, str]) -> None:
+        self.fake, self.warm, self.size, self.metadata = fake, warm, size, metadata
+        self.ready: list[str] = []
+        self.taken = 0
+        self.closed = False
+
+    def start(self) -> None:
+        meta = {**self.metadata, STANDBY_LABEL: self.warm.key()}
+        self.ready = [
+            self.fake.add_sandbox(metadata=meta, template=self.warm.template).id for _ in range(self.size)
+        ]
+
+    def take(self) -> Standby | None:
+        self.taken += 1
+        return Standby(self.ready.pop(0), self.warm) if self.ready else None
+
+    def close(self) -> None:
+        self.closed = True
+        for sandbox_id in self.ready:
+            self.fake.expire(sandbox_id)
+        self.ready = []
+
+
+@pytest.fixture
+def fake() -> FakeClient:
+    return FakeClient(templates=("code-interpreter", "airflow-worker"))
+
+
+@pytest.fixture
+def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDriver:
+    monkeypatch.setattr(ConnectionConfig, "client", lambda self: fake)
+    # What the sandbox answers when a driver reads a standby's request file (bounded by head -c).
+    fake.script(
+        lambda command: REQUEST_PATH in command,
+        action=lambda sb, call: Script(stdout=sb.files.get(REQUEST_PATH, b"").decode()),
+    )
+    return PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
+
+
+def warm_driver(driver: PandaStackDriver, fake: FakeClient, size: int = 1) -> ScriptedPool:
+    pools: list[ScriptedPool] = []
+
+    def factory(client_factory: Any, warm: WarmStart, *, size: int, metadata: Any, **kwargs: Any) -> Any:
+        pools.append(ScriptedPool(fake, warm, size, metadata))
+        return pools[-1]
+
+    assert driver.open_standbys([WARM], size, pool_factory=factory) == [WARM.key()]
+    return pools[0]
+
+
+def request(
+    *, template: str = "airflow-worker", env: dict[str, str] | None = None, python: str = "/venv/bin/python"
+) -> SandboxLaunchRequest:
+    return SandboxLaunchRequest(
+        str(uuid.uuid4()),
+        (python, "-m", MODULE, "--json-string", '{"ti": 1}'),
+        dict(ENV if env is None else env),
+        provider_config={"template": template, "labels": LABELS},
+        workdir=None,
+        timeout_seconds=60,
+        ttl_seconds=120,
+    )
+
+
+def launch(driver: PandaStackDriver, req: SandboxLaunchRequest) -> dict[str, Any]:
+    return dict(asyncio.run(driver.launch(req)).data)
+
+
+def test_warm_pool_size_is_validated_naming_the_option() -> None:
+    def get(value: Any) -> Any:
+        return lambda section, option, fallback=None: value
+
+    assert [pool_size(get(v), "pandastack_executor") for v in (None, "", "0", " 3 ")] == [0, 0, 0, 3]
+    for bad in ("two", "-1", "65", "1.5"):
+        with pytest.raises(SandboxConfigurationError, match=r"\[pandastack_executor\] warm_pool_size"):
+            pool_size(get(bad), "pandastack_executor")
+
+
+def test_a_standby_fits_only_the_same_template_interpreter_module_and_import_env() -> None:
+    argv = ("/venv/bin/python", "-m", MODULE, "--json-string", "{}")
+    assert fits(WARM, "airflow-worker", argv, ENV)
+    assert fits(WARM, "airflow-worker", argv, {**ENV, "TENANT": "acme"})  # reaches os.environ at run time
+    assert not fits(WARM, "other", argv, ENV)
+    assert not fits(WARM, "airflow-worker", ("python3", *argv[1:]), ENV)
+    assert not fits(WARM, "airflow-worker", ("/venv/bin/python", "-c", "x"), ENV)
+    assert not fits(WARM, "airflow-worker", argv, {**ENV, "AIRFLOW__CORE__DAGS_FOLDER": "/other"})
+    assert not fits(WARM, "airflow-worker", argv, {**ENV, "PYTHONPATH": "/x"})  # read at start-up
+
+
+def test_a_fitting_try_runs_in_a_standby_and_is_fenced_by_its_id(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    pool = warm_driver(driver, fake)
+    standby_id = pool.ready[0]
+    req = request(env={**ENV, "TENANT": "acme"})
+    data = launch(driver, req)
+    assert data["sandbox_id"] == standby_id and data["standby"] == WARM.key()
+    sb = fake.sandbox(standby_id)
+    assert REQUEST_LABEL not in sb.metadata and sb.ttl_seconds == 120  # claimed with the try's TTL
+    call = fake.execs[-1]
+    assert call.detached and ATTACH_PATH in call.command and MODULE in call.command
+    assert call.env["TENANT"] == "acme" and FAKE_KEY not in call.line
+    assert json.loads(sb.files[REQUEST_PATH]) == {"request_id": req.request_id, "labels": LABELS}
+    other = fake.add_sandbox(metadata={STANDBY_LABEL: WARM.key(), "job_engine": "airflow-executor"})
+    asyncio.run(driver.fence(req.request_id))
+    assert fake.live() == [other.id]  # the try's standby, and not an idle one
+
+
+def test_a_scheduler_that_never_saw_the_launch_finds_and_fences_the_standby_try(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    pool = warm_driver(driver, fake, size=2)
+    idle = pool.ready[1]
+    req = request()
+    standby_id = launch(driver, req)["sandbox_id"]
+    restarted = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
+    assert asyncio.run(restarted.list_requests()) == {req.request_id: LABELS}  # the orphan sweep sees it
+    assert asyncio.run(driver.list_requests()) == {}  # its own launcher knows it (no file read)
+    asyncio.run(restarted.fence(req.request_id))
+    assert standby_id not in fake.live() and idle in fake.live()
+
+
+def test_a_try_that_does_not_fit_goes_cold_without_touching_the_pool(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    pool = warm_driver(driver, fake)
+    for req in (request(template="code-interpreter"), request(env={**ENV, "AIRFLOW_HOME": "/x"})):
+        data = launch(driver, req)
+        assert "standby" not in data and data["sandbox_id"] not in pool.ready
+        assert fake.sandbox(data["sandbox_id"]).metadata[REQUEST_LABEL] == req.request_id
+    assert pool.taken == 0 and len(pool.ready) == 1
+
+
+def test_with_no_ready_standby_or_a_gone_one_the_try_goes_cold_as_without_pools(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    cold = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
+    launch(cold, request())
+    baseline = fake.execs[-1].command
+    pool = warm_driver(driver, fake)
+    fake.expire(pool.ready[0])  # deleted behind the pool's back: the core creates a fresh sandbox
+    gone = launch(driver, request())
+    assert "standby" not in gone and fake.execs[-1].command == baseline
+    empty = launch(driver, request())  # the pool has nothing ready now
+    assert pool.taken == 2 and "standby" not in empty and fake.execs[-1].command == baseline
+    for data in (gone, empty):
+        assert REQUEST_LABEL in fake.sandbox(DetachedJob.from_dict(data).sandbox_id).metadata
+
+
+def test_size_zero_opens_no_pool_and_close_closes_the_pools(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no pool at warm_pool_size = 0")
+
+    assert driver.open_standbys([WARM], 0, pool_factory=boom) == []
+    pool = warm_driver(driver, fake, size=2)
+    launch(driver, request())
+    asyncio.run(driver.close())
+    assert pool.closed and len(fake.live()) == 1  # the untaken one deleted, the try's left to its end
+
+
+def test_the_executor_reads_warm_pool_size_and_warms_the_sections_runtime_env(
+    logs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider.executors.pandastack_executor import PandaStackExecutor
+
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE", "many")
+    with pytest.raises(SandboxConfigurationError, match=r"\[pandastack_executor\] warm_pool_size: 'many'"):
+        PandaStackExecutor()
+    monkeypatch.delenv("AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE")
+    assert PandaStackExecutor().warm_pool_size == 0
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE", "2")
+    monkeypatch.setenv("AIRFLOW__PANDASTACK_EXECUTOR__ENV", '{"TENANT": "acme"}')
+    executor = PandaStackExecutor()
+    warm = executor.warm_start()
+    assert executor.warm_pool_size == 2 and warm.modules == (MODULE,) and warm.python == executor.python
+    assert warm.template == executor.launch_config.template
+    assert warm.env == executor.runtime_env({"TENANT": "acme"})
+    assert warm.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://api.invalid/execution/"
