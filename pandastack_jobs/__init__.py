@@ -45,6 +45,7 @@ from .reaper import (
 )
 from .redact import Redactor, redact
 from .spec import DEFAULT_PARENT_TTL, INPUT_PATH, RESULT_PATH, WORKDIR, Engine, JobKey, JobSpec
+from .warm_start import Standby, StandbyPool, WarmStart
 
 register({"pandastack_jobs.errors": "pandastack_jobs.exceptions"})
 
@@ -74,8 +75,11 @@ __all__ = [
     "PandaStackJobsError",
     "Redactor",
     "SandboxGone",
+    "Standby",
+    "StandbyPool",
     "Timings",
     "WarmPool",
+    "WarmStart",
     "WarmupFailed",
     "admits_none",
     "coerce_options",

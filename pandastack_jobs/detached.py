@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandastack
 from pandastack import Sandbox
@@ -19,10 +19,21 @@ from pandastack import Sandbox
 from . import guest
 from .exceptions import PandaStackJobsError
 from .failures import StepError
-from .lifecycle import CreatedCallback, JobHandle, JobRun, OutputCallback, _is_regular, reap_before
+from .lifecycle import (
+    CreatedCallback,
+    JobHandle,
+    JobRun,
+    OutputCallback,
+    _is_regular,
+    reap_before,
+    standby_steps,
+)
 from .outcome import FailureKind, JobOutcome
 from .redact import Redactor
 from .spec import JobSpec
+
+if TYPE_CHECKING:
+    from .warm_start import Standby
 
 # A poller gives up this long after the guest clock should have fired.
 DEADLINE_MARGIN_SECONDS = guest.KILL_GRACE_SECONDS + 30
@@ -67,12 +78,15 @@ def start_detached(
     handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     reap: bool = True,
+    standby: Standby | None = None,
+    standby_command: str | None = None,
 ) -> DetachedJob | JobOutcome:
     """Create, deliver and launch ``spec`` in the background.
 
     Returns a :class:`DetachedJob` to poll, or the failure :class:`JobOutcome` if
     the job could not be started (its sandbox is already deleted then).
     ``handle.cancel()`` deletes the sandbox, while starting or once started.
+    ``standby``/``standby_command``: as for :func:`~.lifecycle.run_job` (``spec`` is the cold spec).
     """
     if reap:
         reap_before(client, spec)
@@ -81,13 +95,15 @@ def start_detached(
     def launch(sb: Sandbox) -> tuple[int, float]:
         env = guest.job_env(spec.result_path, spec.env)
         started.append(time.time())
-        result = sb.exec(guest.detached_command(spec.command, spec.timeout, env), timeout_seconds=30)
+        result = sb.exec(guest.detached_command(run.command, spec.timeout, env), timeout_seconds=30)
         if result.exit_code != 0:
             return result.exit_code, 0.0
         return 0, 0.0
 
     run = JobRun(client, spec, on_created=on_created, handle=handle, redactor=redactor, keep_on_success=True)
-    outcome = run.run(execute=launch, collect=False)
+    steps = standby_steps(run, standby, standby_command)
+    steps.pop("fresh", None)  # a detached launch is not folded
+    outcome = run.run(execute=launch, collect=False, **steps)
     if not outcome.ok:
         return outcome
     assert outcome.sandbox_id is not None

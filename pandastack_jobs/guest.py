@@ -147,9 +147,18 @@ def detached_command(command: str, timeout: float, env: Mapping[str, str]) -> st
         f"{timed_command(command, timeout, env)}; "
         f"echo $? > {DETACHED_EXIT}.tmp && mv {DETACHED_EXIT}.tmp {DETACHED_EXIT}"
     )
+    return background_command(inner, directory=DETACHED_DIR, stdout=DETACHED_STDOUT, stderr=DETACHED_STDERR)
+
+
+def background_command(inner: str, *, directory: str, stdout: str, stderr: str, env_prefix: str = "") -> str:
+    """``inner`` started in the background so the exec returns at once: detached from the exec's
+    pipes (output to files, stdin from ``/dev/null``), in the work directory, ``directory`` made
+    first. Used for detached jobs and for a standby's warm runner. ``env_prefix``: the shell's
+    ``NAME=value `` assignments for it."""
+    err = "2>&1" if stderr == stdout else f"2> {stderr}"
     return (
-        f"mkdir -p {DETACHED_DIR} && cd {WORKDIR} && "
-        f"nohup sh -c {shlex.quote(inner)} > {DETACHED_STDOUT} 2> {DETACHED_STDERR} < /dev/null &"
+        f"mkdir -p {directory} && cd {WORKDIR} && "
+        f"{env_prefix}nohup sh -c {shlex.quote(inner)} > {stdout} {err} < /dev/null &"
     )
 
 

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandastack
 from pandastack import Sandbox
@@ -32,6 +32,9 @@ from .reaper import delete_sandbox, reap_earlier_attempts
 from .redact import Redactor
 from .spec import TAIL_BYTES, WORKDIR, JobSpec
 from .trailer import TrailerReader
+
+if TYPE_CHECKING:
+    from .warm_start import Standby
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +124,10 @@ class JobRun:
         self.times: dict[str, float] = {}
         self.sandbox: Sandbox | None = None
         self._folded: _Folded | None = None
+        self.command = spec.command
+        """What the exec step runs: the spec's command, or a standby's warm command once taken."""
+        self.warm: bool | None = None
+        """With a standby: True once it was taken, False when it was gone and the job went cold."""
 
     # -- the steps -------------------------------------------------------------------------------
 
@@ -132,6 +139,24 @@ class JobRun:
             ttl_seconds=self.spec.ttl_seconds,
             metadata=self.spec.sandbox_metadata(),
         )
+
+    def take_standby(self, sandbox_id: str, command: str) -> Sandbox:
+        """The acquire step of a warm start: the standby ``sandbox_id``, given the job's TTL, runs
+        ``command``; if the standby is gone, a fresh sandbox from the cold spec runs the cold command.
+
+        The PATCH of the TTL is the one round trip that both claims the standby (a waiting
+        standby's TTL is short) and proves it still exists.
+        """
+        sb = Sandbox.from_dict({"id": sandbox_id}, client=self.client)  # a handle: no lookup
+        try:
+            sb.set_ttl(self.spec.ttl_seconds)
+        except pandastack.NotFoundError:
+            logger.info("pandastack: standby %s is gone; the job runs cold in a fresh sandbox", sandbox_id)
+            self.warm = False
+            return self.create()
+        self.warm = True
+        self.command = command
+        return sb
 
     def deliver(self, sb: Sandbox) -> None:
         """Write the job's files and its JSON input into the guest.
@@ -192,10 +217,10 @@ class JobRun:
         folded = self._folded
         on_stdout: Callable[[str], None] = lambda chunk: self.output("stdout", chunk)  # noqa: E731
         if folded is None:
-            command = guest.foreground_command(self.spec.command, self.spec.timeout, env, self.workdir)
+            command = guest.foreground_command(self.command, self.spec.timeout, env, self.workdir)
         else:
             command = guest.job_script(
-                self.spec.command, self.spec.timeout, env, folded.writes, folded.trailer, self.workdir
+                self.command, self.spec.timeout, env, folded.writes, folded.trailer, self.workdir
             )
             on_stdout = folded.reader_for(on_stdout)
         started = time.monotonic()
@@ -272,18 +297,21 @@ class JobRun:
         deliver: bool = True,
         execute: Callable[[Sandbox], tuple[int, float]] | None = None,
         collect: bool = True,
+        fresh: bool | None = None,
     ) -> JobOutcome:
         """Run the steps; classify whatever goes wrong; always tear down.
 
-        ``acquire`` replaces create (a fork, an existing sandbox), ``execute``
+        ``acquire`` replaces create (a fork, an existing sandbox, a standby), ``execute``
         replaces the exec step (detached launch or reading a detached job's end),
-        and ``deliver``/``collect`` switch those steps off.
+        and ``deliver``/``collect`` switch those steps off. ``fresh``: the sandbox
+        acquired is one nothing but this job has touched (a standby), so the job's
+        exec may be folded as a created one's is (default: only without ``acquire``).
         """
         started = time.monotonic()
         step = "create"
         outcome_kw: dict[str, Any] = {}
         try:
-            if acquire is None and deliver and execute is None and collect:
+            if (acquire is None if fresh is None else fresh) and deliver and execute is None and collect:
                 self.fold()  # a fresh sandbox: nothing but this job has touched its files
             self.sandbox = self._timed("create", acquire or self.create)
             self.handle.attach(self.client, self.sandbox.id)
@@ -512,17 +540,34 @@ def run_job(
     handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     reap: bool = True,
+    standby: Standby | None = None,
+    standby_command: str | None = None,
 ) -> JobOutcome:
     """Run ``spec`` in exactly one fresh sandbox and return what came of it.
 
     Before creating, sandboxes left by earlier attempts of the same job
     (``spec.key``) are deleted. Job failures are returned as a classified
     :class:`JobOutcome`, never raised; only programming errors propagate.
+
+    With a ``standby`` (:meth:`.StandbyPool.take`), ``spec`` is still the COLD spec: the
+    standby's sandbox is used instead of creating one, its TTL set to ``spec.ttl_seconds``, and
+    ``standby_command`` (``standby.command(argv)``) runs under all the usual rails; if the standby
+    is gone, a fresh sandbox runs ``spec.command``.
     """
     if reap:
         reap_before(client, spec)
     run = JobRun(client, spec, on_created=on_created, on_output=on_output, handle=handle, redactor=redactor)
-    return run.run()
+    return run.run(**standby_steps(run, standby, standby_command))
+
+
+def standby_steps(run: JobRun, standby: Standby | None, command: str | None) -> dict[str, Any]:
+    """The :meth:`JobRun.run` arguments that take ``standby`` (none without one)."""
+    if standby is None:
+        return {}
+    if not command:
+        raise ValueError("standby_command: give standby.command(argv) with a standby")
+    sandbox_id, warm_command = standby.sandbox_id, command
+    return {"acquire": lambda: run.take_standby(sandbox_id, warm_command), "fresh": True}
 
 
 def _is_regular(mode: str | None) -> bool:
