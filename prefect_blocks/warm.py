@@ -54,7 +54,7 @@ SECRET_SETTINGS = ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
 SETTINGS_MODULE = "pandastack_prefect_settings"
 SETTINGS_FILE = "/work/.warm/prefect-settings.json"
 # Stdlib only; runs first in the runner (its sys.path[0] is /work/.warm), before Prefect is imported.
-SETTINGS_LOADER = f'''"""Puts the pool's secret Prefect settings in the environment before Prefect reads them."""
+SETTINGS_LOADER = f'''"""The pool's secret Prefect settings, in the environment before Prefect reads them."""
 import json
 import os
 
@@ -86,7 +86,9 @@ def warm_start_for(configuration: PandaStackJobConfiguration) -> WarmStart | Non
     if secrets:
         files = {SETTINGS_FILE: json.dumps(secrets), f"/work/.warm/{SETTINGS_MODULE}.py": SETTINGS_LOADER}
         modules = (SETTINGS_MODULE, *ENGINE_MODULES)
-    return WarmStart(template=configuration.template, python=WARM_ARGV[0], modules=modules, env=env, files=files)
+    return WarmStart(
+        template=configuration.template, python=WARM_ARGV[0], modules=modules, env=env, files=files
+    )
 
 
 def warm_command(standby: Standby, env_file: str) -> str:
@@ -136,25 +138,31 @@ class WarmPools:
                 if len(self._pools) >= MAX_WARM_KEYS:
                     logger.warning("warm pools: %d keys already; this flow run runs cold", MAX_WARM_KEYS)
                     return None
-                pool = self._factory(client_factory, warm, size=size, metadata=self.metadata, redactor=redactor)
+                pool = self._factory(
+                    client_factory, warm, size=size, metadata=self.metadata, redactor=redactor
+                )
                 self._pools[key] = pool
                 pool.start()
             return pool
 
     def take(self, configuration: PandaStackJobConfiguration) -> Standby | None:
         """A ready standby for this flow run's configuration, or None (run cold)."""
+        pool = self.ensure(configuration)
+        return pool.take() if pool is not None else None
+
+    def ensure(self, configuration: PandaStackJobConfiguration) -> StandbyPool | None:
+        """The started pool of a prepared configuration's key; None when it runs cold."""
         warm = warm_start_for(configuration)
         if warm is None:
             return None
         creds = configuration.resolved_credentials()
-        pool = self.pool_for(
+        return self.pool_for(
             server_identity(creds.connection_config()),
             warm,
             configuration.warm_pool_size,
             creds.get_client,
             configuration.redactor(),
         )
-        return pool.take() if pool is not None else None
 
     @property
     def pools(self) -> list[StandbyPool]:

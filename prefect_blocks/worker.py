@@ -46,7 +46,7 @@ from pandastack_jobs import (
     run_job,
 )
 from pandastack_jobs.reaper import delete_sandbox
-from pandastack_jobs.warm_start import STANDBY_LABEL
+from pandastack_jobs.warm_start import STANDBY_LABEL, StandbyPool
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
 from .sandbox import option_field
@@ -247,6 +247,22 @@ class PandaStackWorker(
             )
         return self._warm
 
+    async def prewarm(self) -> Optional[StandbyPool]:
+        """Start the standby pool of the work pool's defaults now, so the first flow run that
+        arrives already finds one ready (the CLI worker does this on its first poll)."""
+        from prefect.client.schemas.objects import FlowRun as APIFlowRun
+
+        defaults: PandaStackJobConfiguration = await self.job_configuration.from_template_and_values(
+            self.work_pool.base_job_template, {}, client=self.client
+        )
+        if defaults.warm_pool_size <= 0:
+            return None
+        # The per-run variables are not part of the key: any flow run stands in for the real ones.
+        defaults.prepare_for_flow_run(
+            APIFlowRun(flow_id=uuid4(), name="prewarm"), work_pool=self.work_pool, worker_name=self.name
+        )
+        return await anyio.to_thread.run_sync(self.warm_pools().ensure, defaults)
+
     async def teardown(self, *exc_info: Any) -> None:
         """Stop as Prefect does, then close the standby pools: no standby outlives its worker."""
         try:
@@ -413,6 +429,11 @@ class PandaStackWorker(
     # -- orphans of dead workers -------------------------------------------------------------
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        if self._polls == 0:
+            try:
+                await self.prewarm()
+            except Exception as exc:  # noqa: BLE001 - without standbys flow runs still run, cold
+                self._logger.warning("could not start the standby pool: %s", exc)
         if self._polls % SWEEP_EVERY_POLLS == 0:
             try:
                 defaults: PandaStackJobConfiguration = await self.job_configuration.from_template_and_values(

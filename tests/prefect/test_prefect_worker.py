@@ -204,6 +204,7 @@ def test_flow_run_runs_in_its_own_sandbox_and_completes(sandbox_server: LocalSer
     assert fr.state.type == StateType.COMPLETED, fr.state
     facts = inside_facts(fr_id)
     assert facts["hostname"] == "sandbox" and facts["agent"] is True
+    assert "PANDASTACK_WARM" not in facts["env"], "warm_pool_size 0 (the default) runs cold"
     # infrastructure_pid is the sandbox, which is gone now.
     assert fr.infrastructure_pid and len(fr.infrastructure_pid) == 36
     assert fr.infrastructure_pid not in {sb.id for sb in sandbox_server.client().sandboxes.list()}
