@@ -20,6 +20,7 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
+from pandastack_jobs.reaper import delete_sandbox
 from pandastack_jobs.warm_start import PID_PATH, STANDBY_LABEL
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
@@ -129,7 +130,7 @@ def test_a_standby_deleted_before_use_means_a_cold_fresh_sandbox(
     sandbox_server: LocalServer, warm_pool: str
 ) -> None:
     def delete(ready: list[Any]) -> None:
-        sandbox_server.client().sandboxes.get(ready[0].id).delete()
+        assert delete_sandbox(sandbox_server.client(), ready[0].id)
         wait_for("the standby to go", lambda: not standbys(sandbox_server, warm_pool), timeout=30)
 
     fr_id, ready, _ = anyio.run(warm_run, warm_pool, delete, sandbox_server)
