@@ -82,6 +82,10 @@ async def warm_run(
         ready = await anyio.to_thread.run_sync(standbys, server, pool)
         assert len(ready) == 1, ready
         assert ready[0].metadata[META_INSTANCE] == worker._instance
+        # The orphan sweep leaves a live worker's own standby to its pool.
+        creds = PandaStackCredentials(api_url=server.url, api_key=server.api_key)
+        assert await worker.sweep_orphans(creds) == []
+        assert standby_pool.ready == 1
         if before is not None:
             await anyio.to_thread.run_sync(before, ready)
         fr = await run_deployment(DEPLOYMENT, timeout=0)
