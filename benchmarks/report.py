@@ -281,15 +281,19 @@ def prefect_worker_section(targets: list[list[Any]]) -> str:
              "≤ 1.2", verdict(rw["p50"], 1.2)]
         )  # fmt: skip
         mem, wait = w["standby_memory"], w.get("standby_wait", {})
+        met = verdict(rw["p50"], 1.2).strip("*")
         warm_text = f"""
-**Warm (issue 27 item 3): {rw["p50"]}x the `process` worker at the median ({verdict(rw["p50"], 1.2)},
+**Warm (issue 27 item 3): {rw["p50"]}x the `process` worker at the median ({met},
 target ≤ 1.2; {w["warm_extra_ms_per_flow_run_p50"]:+} ms), {w["ratio_warm_to_cold_pandastack_p50"]}x the
 cold `pandastack` worker**; {w["warm_hits"]} of {w["pandastack_warm"]["n"]} warm samples ran on the standby
 the pool had ready. A warm flow run skips the three Prefect start-ups of `prefect flow-run execute`
 (the CLI, the workspace supervisor, the engine) that both the `process` worker and a cold sandbox
 pay: its standby's runner had imported the engine already, and the run is one fork of it running
 `python3 -m prefect.engine`; what is left is the sandbox's share (the TTL claim, the env file, the
-exec over HTTP, the delete) and the run itself. What bounds it is the pool's refill: a standby
+exec over HTTP, the delete) and the run itself. Part of the gain is the command's form, not only
+the imports: the engine run directly is one interpreter where `prefect flow-run execute` is three
+(a `process` pool whose `command` is `python -m prefect.engine` would skip two of them too, and
+would keep paying the one import the standby saves). What bounds it is the pool's refill: a standby
 takes {w.get("standby_first_fill_s", "?")} s from nothing to ready here (create a sandbox, start the
 runner, import the engine), so one standby serves flow runs that arrive no faster than that (in
 the bench the refill finished while the other pools ran: the untimed wait for a ready standby
