@@ -5,9 +5,10 @@ pandastack_jobs), where ARGV is the job's cold argv (``python3 -m MODULE ARGS``)
 ``runner.sock`` beside it and sends {argv, env, cwd} (length-prefixed JSON) with its fds 0, 1, 2;
 the runner's child runs the job on them and the runner sends back its exit code, which this
 process exits with. SIGTERM/SIGINT/SIGHUP are passed on to the job's process group, so the
-guest-side timeout's TERM reaches the job, and if this process is killed outright the runner
-kills the job. When there is no runner (gone, refused, says ``cold``), this process execs ARGV
-itself: the job still runs, cold, in the same sandbox.
+guest-side timeout's TERM reaches the job (and a KILL follows after the grace, as ``timeout -k``
+would send it), and if this process is killed outright the runner kills the job. When there
+is no runner (gone, refused, says ``cold``), this process execs ARGV itself: the job still runs,
+cold, in the same sandbox.
 """
 
 import json
@@ -22,6 +23,9 @@ SOCK = os.path.join(HERE, "runner.sock")
 MAGIC = b"PSW1"
 HEADER = struct.Struct("!4sI")
 MAX_REPLY_BYTES = 64 * 1024
+# The guest clock's grace between TERM and KILL (pandastack_jobs.guest.KILL_GRACE_SECONDS). The shell
+# that ``timeout`` runs dies at the TERM, so ``timeout`` never sends its KILL: attach does.
+KILL_GRACE_SECONDS = 5
 LOST_EXIT_CODE = 70  # EX_SOFTWARE: the runner died after the job started; its end is unknown
 
 
@@ -72,16 +76,24 @@ def main(argv):
     job = []  # type: list[int]
 
     def forward(signum, _frame):
-        if job:
-            try:
-                os.killpg(job[0], signum)
-            except OSError:
-                pass
-        else:
+        if not job:
             os._exit(128 + signum)
+        try:
+            os.killpg(job[0], signum)
+        except OSError:
+            pass
+        if signum == signal.SIGTERM:
+            signal.alarm(KILL_GRACE_SECONDS)  # as ``timeout -k``: a job deaf to TERM is killed
+
+    def kill(_signum, _frame):
+        try:
+            os.killpg(job[0], signal.SIGKILL)
+        except OSError:
+            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    signal.signal(signal.SIGALRM, kill)
     try:
         for reply in _replies(conn):
             if "started" in reply:
