@@ -100,7 +100,20 @@ async def warm_run(
 def test_a_flow_run_runs_warm_on_a_standby_and_the_pool_closes_with_the_worker(
     sandbox_server: LocalServer, warm_pool: str
 ) -> None:
-    fr_id, ready, _ = anyio.run(warm_run, warm_pool, None, sandbox_server)
+    seen: dict[str, str] = {}
+
+    def dump(ready: list[Any]) -> None:
+        """Everything a waiting standby holds: its processes' env and argv, its files."""
+        sb = sandbox_server.client(timeout=120).sandboxes.get(ready[0].id)
+        seen["dump"] = sb.exec(
+            "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; echo; done; "
+            "find /work /root /tmp /etc /.pandastack -type f -size -2M -exec cat {} + 2>/dev/null",
+            timeout_seconds=100,
+        ).stdout
+
+    fr_id, ready, _ = anyio.run(warm_run, warm_pool, dump, sandbox_server)
+    assert "PREFECT_API_URL" in seen["dump"], "the dump saw the runner's environment"
+    assert sandbox_server.api_key not in seen["dump"] and sandbox_server.api_key[4:] not in seen["dump"]
     fr = read_run(fr_id)
     assert fr.state.type == StateType.COMPLETED, fr.state
     assert fr.infrastructure_pid == ready[0].id, "the flow run ran in the standby's sandbox"
