@@ -42,9 +42,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_COMMAND = "prefect flow-run execute"
 # The engine's module form of it: Prefect's own ``if __name__ == "__main__"`` runner.
 WARM_ARGV = ("python3", "-m", "prefect.engine")
-# What prefect.engine's main imports before it runs a flow (not the flow's code). Not
-# prefect.engine itself: runpy runs it afresh as __main__ and warns when it is already imported;
-# its own imports are here, so its module body is all that is left to run.
+# What prefect.engine's main imports before it runs a flow (not the flow's code). runpy then
+# runs prefect.engine afresh as __main__ (flow_engine has imported it as a module too, so runpy
+# prints a harmless RuntimeWarning saying so).
 ENGINE_MODULES = (
     "prefect._internal.control_listener",
     "prefect.logging.loggers",

@@ -48,6 +48,7 @@ pytestmark = pytest.mark.timeout(300)
 FLOW_CODE = """
 import json, os, socket, time
 from prefect import flow, get_run_logger
+from prefect.settings import get_current_settings
 from prefect.artifacts import create_markdown_artifact
 
 
@@ -58,6 +59,7 @@ def inside(seconds: float = 0.0, fail: bool = False) -> int:
         "agent": os.path.exists("/.pandastack/agent.py"),
         "env": sorted(os.environ),
         "cwd": os.getcwd(),
+        "settings_api_key": get_current_settings().api.key is not None,
     }
     create_markdown_artifact(markdown=json.dumps(facts), key="inside-facts")
     get_run_logger().info("inside the sandbox on %s", facts["hostname"])

@@ -25,7 +25,7 @@ from pandastack_jobs.warm_start import PID_PATH, STANDBY_LABEL
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
 from prefect_blocks import PandaStackCredentials
-from prefect_blocks.warm import META_INSTANCE
+from prefect_blocks.warm import META_INSTANCE, SETTINGS_FILE
 from prefect_blocks.worker import META_POOL, PandaStackWorker
 from tests.prefect import test_prefect_worker as cold
 from tests.prefect.test_prefect_worker import final, inside_facts, read_run
@@ -34,13 +34,13 @@ pytestmark = pytest.mark.timeout(300)
 # The cold tests' module fixtures: the same Prefect flows and private pandastack-local.
 code_dir = cold.code_dir
 sandbox_server = cold.sandbox_server
-DEPLOYMENT = "inside/inside-warm"
 
 
-@pytest.fixture(scope="module")
-def warm_pool(sandbox_server: LocalServer, code_dir: Any) -> str:
-    name = f"ps-warm-{os.getpid()}"
-    block_id = PandaStackCredentials(api_url=sandbox_server.url, api_key=sandbox_server.api_key).save(
+SECRET = "pnu_warmtestsecret0123456789abcdefghij"
+
+
+def make_warm_pool(server: LocalServer, code_dir: Any, name: str, env: dict[str, str]) -> str:
+    block_id = PandaStackCredentials(api_url=server.url, api_key=server.api_key).save(
         f"warm-test-{os.getpid()}", overwrite=True
     )
     template = PandaStackWorker.get_default_base_job_template()
@@ -48,6 +48,7 @@ def warm_pool(sandbox_server: LocalServer, code_dir: Any) -> str:
     props["credentials"]["default"] = {"$ref": {"block_document_id": str(block_id)}}
     props["timeout"]["default"] = 120
     props["warm_pool_size"]["default"] = 1
+    props["env"]["default"] = env
 
     async def create() -> None:
         async with get_client() as client:
@@ -57,8 +58,13 @@ def warm_pool(sandbox_server: LocalServer, code_dir: Any) -> str:
 
     anyio.run(create)
     f = flow.from_source(source=str(code_dir), entrypoint="worker_flows.py:inside")
-    f.deploy(name="inside-warm", work_pool_name=name, build=False, push=False, print_next_steps=False)
+    f.deploy(name=name, work_pool_name=name, build=False, push=False, print_next_steps=False)
     return name
+
+
+@pytest.fixture(scope="module")
+def warm_pool(sandbox_server: LocalServer, code_dir: Any) -> str:
+    return make_warm_pool(sandbox_server, code_dir, f"ps-warm-{os.getpid()}", {})
 
 
 def standbys(server: LocalServer, pool: str) -> list[Any]:
@@ -88,7 +94,7 @@ async def warm_run(
         assert standby_pool.ready == 1
         if before is not None:
             await anyio.to_thread.run_sync(before, ready)
-        fr = await run_deployment(DEPLOYMENT, timeout=0)
+        fr = await run_deployment(f"inside/{pool}", timeout=0)
         await worker.get_and_submit_flow_runs()
         check = final(fr.id)
         with anyio.fail_after(240):
@@ -160,7 +166,7 @@ def test_a_standby_deleted_before_use_means_a_cold_fresh_sandbox(
 
 def test_warm_pool_size_zero_makes_no_standby(sandbox_server: LocalServer, warm_pool: str) -> None:
     """The cold pool (``warm_pool_size`` 0, the default): no standby, the flow not under a runner."""
-    fr = run_deployment(DEPLOYMENT, job_variables={"warm_pool_size": 0}, timeout=0)
+    fr = run_deployment(f"inside/{warm_pool}", job_variables={"warm_pool_size": 0}, timeout=0)
 
     async def go() -> None:
         async with PandaStackWorker(work_pool_name=warm_pool, prefetch_seconds=5) as worker:
@@ -176,3 +182,29 @@ def test_warm_pool_size_zero_makes_no_standby(sandbox_server: LocalServer, warm_
     assert read_run(fr.id).state.type == StateType.COMPLETED
     assert "PANDASTACK_WARM" not in inside_facts(fr.id)["env"]
     assert standbys(sandbox_server, warm_pool) == []
+
+
+def test_the_prefect_api_key_reaches_the_runner_by_file_and_no_command_line(
+    sandbox_server: LocalServer, code_dir: Any
+) -> None:
+    """A pool whose flow runs get ``PREFECT_API_KEY``: the runner imports Prefect under it (read
+    from a file), the sandbox's log of commands never shows it, the flow run still runs warm."""
+    pool = make_warm_pool(sandbox_server, code_dir, f"ps-warm-key-{os.getpid()}", {"PREFECT_API_KEY": SECRET})
+    seen: dict[str, str] = {}
+
+    def look(ready: list[Any]) -> None:
+        sb = sandbox_server.client().sandboxes.get(ready[0].id)
+        seen["log"] = "\n".join(sb.logs())  # first: the log keeps the output of these execs too
+        seen["runner_env"] = sb.exec(f'cat /proc/"$(cat {PID_PATH})"/environ', timeout_seconds=30).stdout
+        seen["file"] = sb.exec(f"cat {SETTINGS_FILE}", timeout_seconds=30).stdout
+
+    fr_id, _, _ = anyio.run(warm_run, pool, look, sandbox_server)
+    assert SECRET in seen["file"]
+    assert "PREFECT_API_URL" in seen["runner_env"] and SECRET not in seen["runner_env"], "not exec'd with it"
+    assert "warm_runner.py" in seen["log"], "the log records the runner's launch command"
+    assert SECRET not in seen["log"]
+    # Prefect's settings in the flow are the runner's, from import time: the key was there.
+    assert inside_facts(fr_id)["settings_api_key"] is True
+    assert read_run(fr_id).state.type == StateType.COMPLETED
+    assert "PANDASTACK_WARM" in inside_facts(fr_id)["env"]
+    assert standbys(sandbox_server, pool) == []
