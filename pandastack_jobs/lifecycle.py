@@ -28,7 +28,7 @@ from .connection import reset_refusals
 from .execstream import exec_stream
 from .failures import StepError, capacity_retry_after, describe_exit, kind_for_error, last_line
 from .outcome import FailureKind, JobOutcome, Timings
-from .reaper import delete_sandbox, reap_earlier_attempts
+from .reaper import delete_sandbox, earlier_attempts, reap_best_effort
 from .redact import Redactor
 from .spec import TAIL_BYTES, WORKDIR, JobSpec
 from .trailer import TrailerReader
@@ -357,6 +357,7 @@ class JobRun:
             teardown_error=teardown_error,
             job_id=key.job_id if key else None,
             try_number=key.try_number if key else None,
+            standby=self.warm,
             **outcome_kw,
         )
 
@@ -521,14 +522,7 @@ def reap_before(client: pandastack.Client, spec: JobSpec) -> list[str]:
     """
     if spec.key is None:
         return []
-    try:
-        reaped = reap_earlier_attempts(client, spec.key)
-    except pandastack.PandastackError as exc:
-        logger.warning("could not look for orphans of earlier attempts: %s", exc)
-        return []
-    if reaped:
-        logger.info("reaped %d sandbox(es) of earlier attempts: %s", len(reaped), reaped)
-    return reaped
+    return reap_best_effort(client, earlier_attempts(spec.key), "orphans of earlier attempts")
 
 
 def run_job(

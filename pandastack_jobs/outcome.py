@@ -94,6 +94,10 @@ class JobOutcome(Verdict):
     teardown_error: str | None = None
     job_id: str | None = None
     try_number: int | None = None
+    standby: bool | None = None
+    """With a standby (``run_job(..., standby=...)``): True when the job ran in it, False when it
+    was gone and the job ran cold in a fresh sandbox; None without one. (In the standby, the job
+    itself still runs cold when its runner was gone: attach falls back in the same sandbox.)"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
@@ -113,4 +117,5 @@ class JobOutcome(Verdict):
             "timings": self.timings.as_dict(),
             "files": {path: len(data) for path, data in self.files.items()},
             "teardown_error": self.teardown_error,
+            "standby": self.standby,
         }

@@ -16,6 +16,8 @@ import pandastack
 from .spec import MANAGED_BY, JobKey
 
 logger = logging.getLogger(__name__)
+# Which sandboxes a sweep deletes, by their metadata.
+Match = Callable[[Mapping[str, str]], bool]
 
 
 def delete_sandbox(client: pandastack.Client, sandbox_id: str, *, raise_errors: bool = False) -> bool:
@@ -36,7 +38,7 @@ def delete_sandbox(client: pandastack.Client, sandbox_id: str, *, raise_errors: 
     return True
 
 
-def sweep(client: pandastack.Client, match: Callable[[Mapping[str, str]], bool]) -> list[str]:
+def sweep(client: pandastack.Client, match: Match) -> list[str]:
     """Delete every sandbox whose metadata satisfies ``match``; return the ids deleted."""
     deleted = []
     for sb in client.sandboxes.list():
@@ -45,18 +47,46 @@ def sweep(client: pandastack.Client, match: Callable[[Mapping[str, str]], bool])
     return deleted
 
 
-def reap_earlier_attempts(client: pandastack.Client, key: JobKey) -> list[str]:
-    """Delete the sandboxes of earlier tries of the job ``key`` names."""
+def reap_best_effort(client: pandastack.Client, match: Match, what: str) -> list[str]:
+    """:func:`sweep` before a new attempt runs, never stopping it; ``what`` names the sandboxes in the log.
+
+    Best effort: if the server cannot be asked, the new attempt goes ahead and
+    the TTL backstop catches any orphan.
+    """
+    try:
+        reaped = sweep(client, match)
+    except pandastack.PandastackError as exc:
+        logger.warning("could not look for %s: %s", what, exc)
+        return []
+    if reaped:
+        logger.info("reaped %d %s: %s", len(reaped), what, reaped)
+    return reaped
+
+
+def is_earlier_try(label: str | None, try_number: int) -> bool:
+    """Whether a sandbox's try label names a try before ``try_number``.
+
+    A missing or unreadable label counts as earlier: the sandbox is ours (the
+    caller matched it), and nobody else will delete it.
+    """
+    try:
+        return int(label or "") < try_number
+    except ValueError:
+        return True
+
+
+def earlier_attempts(key: JobKey) -> Match:
+    """The match for the sandboxes of earlier tries of the job ``key`` names."""
 
     def earlier(meta: Mapping[str, str]) -> bool:
-        if meta.get("job_id") != key.job_id:
-            return False
-        try:
-            return int(meta.get("job_try", "")) < key.try_number
-        except ValueError:
-            return True  # ours, but unreadable: nobody else will delete it
+        return meta.get("job_id") == key.job_id and is_earlier_try(meta.get("job_try"), key.try_number)
 
-    return sweep(client, earlier)
+    return earlier
+
+
+def reap_earlier_attempts(client: pandastack.Client, key: JobKey) -> list[str]:
+    """Delete the sandboxes of earlier tries of the job ``key`` names."""
+    return sweep(client, earlier_attempts(key))
 
 
 def sweep_run(client: pandastack.Client, key: JobKey) -> list[str]:

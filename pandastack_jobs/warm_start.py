@@ -360,7 +360,14 @@ class StandbyPool:
                     self._lock.wait(timeout=max(0.05, wake))
                     continue
             for sandbox_id in due:
-                self._refresh(sandbox_id)
+                try:
+                    self._refresh(sandbox_id)
+                except Exception as exc:  # noqa: BLE001 - the pool's thread must outlive any one check
+                    logger.warning("standby %s check failed: %s", sandbox_id, self.redactor(str(exc)))
+                    with self._lock:  # checked (if not well): not due again at once
+                        self._ready = deque(
+                            (s, time.monotonic() if s == sandbox_id else at) for s, at in self._ready
+                        )
 
     def _refresh(self, sandbox_id: str) -> None:
         assert self._client is not None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -24,7 +24,7 @@ from pandastack import Sandbox
 
 from ..lifecycle import JobHandle, JobRun, _sandbox_exists, reap_before
 from ..outcome import FailureClass, FailureKind, JobOutcome
-from ..reaper import delete_sandbox, sweep
+from ..reaper import delete_sandbox, is_earlier_try, reap_best_effort
 from ..spec import WORKDIR, JobKey, JobSpec
 from .message import QueueJob
 
@@ -100,26 +100,18 @@ def mate_label(key: JobKey) -> str:
 def reap_chunks_before(client: pandastack.Client, spec: JobSpec) -> list[str]:
     """Delete the chunk sandboxes an earlier delivery of ``spec``'s message ran in as a mate (a
     worker killed mid-chunk), before this delivery runs. Best effort, as
-    :func:`~pandastack_jobs.lifecycle.reap_before`: the TTL catches what is missed."""
+    :func:`~pandastack_jobs.lifecycle.reap_before`: both are
+    :func:`~pandastack_jobs.reaper.reap_best_effort`."""
     key = spec.key
     if key is None or key.try_number <= 1:
         return []
     label = mate_label(key)
-
-    def earlier(meta: Mapping[str, str]) -> bool:
-        try:
-            return label in meta and int(meta[label]) < key.try_number
-        except ValueError:
-            return True  # ours, but unreadable: nobody else will delete it
-
-    try:
-        reaped = sweep(client, earlier)
-    except pandastack.PandastackError as exc:
-        logger.warning("could not look for chunk sandboxes of earlier deliveries: %s", exc)
-        return []
-    if reaped:
-        logger.info("reaped %d chunk sandbox(es) of earlier deliveries: %s", len(reaped), reaped)
-    return reaped
+    try_number = key.try_number
+    return reap_best_effort(
+        client,
+        lambda meta: label in meta and is_earlier_try(meta[label], try_number),
+        "chunk sandboxes of earlier deliveries",
+    )
 
 
 def mate_workdir(index: int) -> str:

@@ -28,7 +28,11 @@ PACKAGES = ["pandastack_jobs"] + [
 ]
 # The queue transports' client libraries: the [queue] extra's (each transport module imports its
 # own; the consumer imports a transport only for its broker's scheme).
-OPTIONAL_MODULES = ("redis", "psycopg", "pika", "boto3", "botocore", "moto")
+OPTIONAL_MODULES = ("redis", "psycopg", "pika", "boto3", "botocore")
+# What only the tests use (the [test] extra): no module may import it, no user-facing extra holds it.
+TEST_DISTS = ("moto", "pytest", "pytest-timeout", "schemathesis")
+TEST_MODULES = ("moto", "pytest", "_pytest", "schemathesis")
+USER_EXTRAS = ("local", "airflow", "prefect", "queue")
 IMPORT_ALL = """
 import importlib, json, pkgutil, sys
 package = importlib.import_module(sys.argv[1])
@@ -44,9 +48,10 @@ print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in se
 """
 
 
-def imported_server_modules(package: str) -> list[str]:
+def imported_modules(package: str, watched: tuple[str, ...]) -> list[str]:
+    """The modules among ``watched`` (top-level names) that importing all of ``package`` imports."""
     proc = subprocess.run(
-        [sys.executable, "-c", IMPORT_ALL, package, ",".join(OPTIONAL_MODULES), *SERVER_MODULES],
+        [sys.executable, "-c", IMPORT_ALL, package, ",".join(OPTIONAL_MODULES), *watched],
         capture_output=True,
         text=True,
         timeout=300,
@@ -58,15 +63,25 @@ def imported_server_modules(package: str) -> list[str]:
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_importing_every_module_does_not_import_the_server(package: str) -> None:
-    assert imported_server_modules(package) == []
+def test_importing_every_module_imports_neither_the_server_nor_a_test_dependency(package: str) -> None:
+    watched = SERVER_MODULES + TEST_MODULES
+    assert imported_modules(package, watched) == []
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s;\[<>=!~]", requirement)[0] for requirement in requirements}
 
 
 def test_the_server_dependencies_are_an_extra() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert _names(project["dependencies"]) == {"pandastack"}
+    assert _names(project["optional-dependencies"]["local"]) >= set(SERVER_DISTS)
 
-    def names(requirements: list[str]) -> set[str]:
-        return {re.split(r"[\s;\[<>=!~]", requirement)[0] for requirement in requirements}
 
-    assert names(project["dependencies"]) == {"pandastack"}
-    assert names(project["optional-dependencies"]["local"]) >= set(SERVER_DISTS)
+def test_test_dependencies_are_in_the_test_extra_not_a_user_facing_one() -> None:
+    """moto (the SQS server of make test-queue) once sat in [queue]: every queue worker's image
+    would have installed a mock AWS and its web server."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(TEST_DISTS) <= _names(extras["test"])
+    for extra in USER_EXTRAS:
+        assert not _names(extras[extra]) & set(TEST_DISTS), extra

@@ -96,7 +96,7 @@ def test_a_job_through_a_standby_runs_in_the_warm_interpreter(pool, ps_client) -
     assert meta[STANDBY_LABEL] == WARM.key() and meta["suite"] == "warm"
     outcome = _run(ps_client, standby, _spec())
     assert outcome.ok, outcome.reason
-    assert outcome.sandbox_id == standby.sandbox_id
+    assert outcome.sandbox_id == standby.sandbox_id and outcome.standby is True
     assert outcome.result == {
         "warm_env": "1",
         "preloaded": True,
@@ -249,6 +249,7 @@ def test_a_standby_deleted_before_take_falls_back_to_a_fresh_cold_sandbox(pool, 
     )
     assert outcome.ok, outcome.reason
     assert created and created[0] != standby.sandbox_id and outcome.sandbox_id == created[0]
+    assert outcome.standby is False
     assert outcome.result["preloaded"] is False and outcome.result["argv"] == ["a b", "$HOME"]
 
 
@@ -289,3 +290,25 @@ def test_close_deletes_the_untaken_standbys(local_server, ps_client) -> None:
     pool.close()
     assert ps_client.sandboxes.list() == []
     assert pool.take() is None
+
+
+@pytest.mark.parametrize(
+    ("warm", "error"),
+    [
+        (WarmStart(template="base", modules=("no_such_module_xyz",)), "No module named 'no_such_module_xyz'"),
+        (WarmStart(template="base", python="/nonexistent/python3"), "runner exited 127"),
+    ],
+)
+def test_a_standby_whose_runner_cannot_start_is_deleted_and_reported(
+    local_server, ps_client, warm: WarmStart, error: str
+) -> None:
+    pool = StandbyPool(local_server.client, warm, size=1).start()
+    try:
+        deadline = time.monotonic() + 60
+        while pool.failures < 1:
+            assert time.monotonic() < deadline, "the failure was never reported"
+            time.sleep(0.05)
+        assert pool.ready == 0 and pool.last_error is not None and error in pool.last_error
+    finally:
+        pool.close()
+    assert ps_client.sandboxes.list() == []

@@ -15,12 +15,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pandastack
 import pytest
 
 from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobSpec
 from pandastack_jobs.lifecycle import reap_before
 from pandastack_jobs.queue import Consumer, DeadLetter, Delivery, Transport, parse
-from pandastack_jobs.queue.chunks import group_of, isolation_key, mate_workdir, plan, rebase, run_chunk
+from pandastack_jobs.queue.chunks import (
+    group_of,
+    isolation_key,
+    mate_label,
+    mate_workdir,
+    plan,
+    reap_chunks_before,
+    rebase,
+    run_chunk,
+)
 from pandastack_jobs.testing import FakeClient, FakeSandbox, Script
 
 
@@ -167,6 +177,28 @@ def test_the_first_mates_next_delivery_reaps_a_chunk_a_killed_worker_left(fake: 
     assert meta["queue_chunk_size"] == "3"
     orphan = fake.add_sandbox(metadata=meta)  # what a SIGKILLed worker's chunk leaves
     assert reap_before(fake, replace(first, key=replace(first.key, try_number=2))) == [orphan.id]
+
+
+def test_a_later_mates_redelivery_reaps_only_earlier_chunks_it_was_a_mate_of(
+    fake: FakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mate that was not first finds the chunk by its own label: earlier tries (or an
+    unreadable one) are deleted, its current and later tries and other jobs' chunks are not;
+    a server that cannot be asked never stops the delivery."""
+    key = specs(2)[1].key
+    assert key is not None
+    label = mate_label(key)
+    earlier = fake.add_sandbox(metadata={label: "1"})
+    unreadable = fake.add_sandbox(metadata={label: "x"})
+    same_try = fake.add_sandbox(metadata={label: "2"})
+    other = fake.add_sandbox(metadata={mate_label(replace(key, run="other")): "1"})
+    spec = replace(specs(2)[1], key=replace(key, try_number=2))
+    assert reap_chunks_before(fake, replace(spec, key=key)) == []  # a first delivery looks for nothing
+    assert sorted(reap_chunks_before(fake, spec)) == sorted([earlier.id, unreadable.id])
+    assert sorted(fake.live()) == sorted([same_try.id, other.id])
+    fake.fail("list", pandastack.ServerError("down"))
+    assert reap_chunks_before(fake, spec) == []
+    assert "could not look for chunk sandboxes of earlier deliveries" in caplog.text
 
 
 def test_a_create_failure_is_every_mates_failure(fake: FakeClient) -> None:

@@ -180,7 +180,8 @@ def test_a_job_with_a_standby_runs_the_warm_command_there_with_its_own_ttl(fake:
     spec = JobSpec(command="python3 -m engine.run --task t1", template="base", timeout=100)
     outcome = run_job(fake, spec, standby=standby, standby_command=command)
     assert outcome.ok and outcome.result == {"ok": 1}
-    assert outcome.sandbox_id == standby.sandbox_id
+    assert outcome.sandbox_id == standby.sandbox_id and outcome.standby is True
+    assert outcome.summary()["standby"] is True
     assert not any(r[0] == "POST" and r[1] == "/sandboxes" for r in fake.requests)  # no create
     patches = [r for r in fake.requests if r[0] == "PATCH"]
     assert patches == [("PATCH", f"/sandboxes/{standby.sandbox_id}/lifecycle", "")]
@@ -224,6 +225,8 @@ def test_run_job_falls_back_when_the_standby_is_gone(fake: FakeClient) -> None:
     spec = JobSpec(command="python3 -m engine.run", template="base", result_path=None)
     outcome = run_job(fake, spec, standby=standby, standby_command=standby.command(COLD))
     assert outcome.ok and outcome.sandbox_id not in (None, standby.sandbox_id)
+    assert outcome.standby is False
+    assert run_job(fake, spec).standby is None  # no standby given
     assert fake.execs[0].command == "python3 -m engine.run"
 
 
@@ -283,3 +286,18 @@ def test_the_command_runs_attach_isolated_with_the_cold_argv_quoted() -> None:
     )
     with pytest.raises(ValueError):
         standby.command([])
+
+
+def test_a_check_the_server_cannot_answer_keeps_the_standby(fake: FakeClient) -> None:
+    import pandastack
+
+    _runner_ready(fake)
+    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
+    try:
+        _until(lambda: pool.ready == 1)
+        (sid,) = _standbys(fake)
+        fake.fail("exec_stream", pandastack.ServerError("upstream hiccup"), match="kill -0", times=3)
+        _until(lambda: not any(f.op == "exec_stream" for f in fake._failures))  # all three were hit
+        assert pool.waiting() == [sid] and sid in fake.live()  # unknown is not dead
+    finally:
+        pool.close()
