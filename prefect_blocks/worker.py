@@ -378,6 +378,12 @@ class PandaStackWorker(
         finally:
             self._in_flight.discard(str(flow_run.id))
         outcome = outcomes[0]
+        if standby is not None:
+            run_logger.info(
+                "Flow run took standby %s%s",
+                standby.sandbox_id,
+                "" if outcome.standby else ": it was gone, so it ran cold in a fresh sandbox",
+            )
         if cancelled or handle.cancelled:
             await self._mark_cancelled(flow_run)
             return PandaStackWorkerResult(identifier=outcome.sandbox_id or "", status_code=0)

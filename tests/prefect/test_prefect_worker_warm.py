@@ -28,7 +28,7 @@ from prefect_blocks import PandaStackCredentials
 from prefect_blocks.warm import META_INSTANCE, SETTINGS_FILE
 from prefect_blocks.worker import META_POOL, PandaStackWorker
 from tests.prefect import test_prefect_worker as cold
-from tests.prefect.test_prefect_worker import final, inside_facts, read_run
+from tests.prefect.test_prefect_worker import final, inside_facts, read_run, run_logs
 
 pytestmark = pytest.mark.timeout(300)
 # The cold tests' module fixtures: the same Prefect flows and private pandastack-local.
@@ -160,6 +160,12 @@ def test_a_standby_deleted_before_use_means_a_cold_fresh_sandbox(
     fr = read_run(fr_id)
     assert fr.state.type == StateType.COMPLETED, fr.state
     assert fr.infrastructure_pid and fr.infrastructure_pid != ready[0].id
+    wait_for(
+        "the worker's log line on the flow run",
+        lambda: "it was gone, so it ran cold in a fresh sandbox" in run_logs(fr_id),
+        timeout=30,
+        interval=0.5,
+    )
     assert "PANDASTACK_WARM" not in inside_facts(fr_id)["env"]
     assert standbys(sandbox_server, warm_pool) == []
 
