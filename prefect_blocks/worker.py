@@ -24,7 +24,7 @@ import shlex
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import anyio
 import anyio.abc
@@ -35,11 +35,22 @@ from prefect.exceptions import InfrastructureNotFound, ObjectNotFound
 from prefect.workers.base import BaseJobConfiguration, BaseVariables, BaseWorker, BaseWorkerResult
 from pydantic import BaseModel, Field, PrivateAttr
 
-from pandastack_jobs import Engine, FailureKind, JobHandle, JobKey, JobOutcome, JobSpec, Redactor, run_job
+from pandastack_jobs import (
+    Engine,
+    FailureKind,
+    JobHandle,
+    JobKey,
+    JobOutcome,
+    JobSpec,
+    Redactor,
+    run_job,
+)
 from pandastack_jobs.reaper import delete_sandbox
+from pandastack_jobs.warm_start import STANDBY_LABEL, StandbyPool
 
 from .credentials import DOCS_URL, LOGO_URL, PandaStackCredentials, resolve_credentials
 from .sandbox import option_field
+from .warm import META_INSTANCE, WarmPools, warm_command
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import Flow as APIFlow
@@ -58,6 +69,7 @@ DEFAULT_HEARTBEAT_SECONDS = 30
 MISSED_HEARTBEATS = 3
 # A loaded worker's heartbeats can lag seconds: never call one dead sooner than this.
 MIN_OFFLINE_SECONDS = 60.0
+MAX_WARM_POOL_SIZE = 16
 META_POOL = "prefect_work_pool"
 META_WORKER = "prefect_worker"
 META_FLOW_RUN = "prefect_flow_run_id"
@@ -113,6 +125,19 @@ class PandaStackWorkerFields(BaseModel):
         title="Stream output",
         description="Print the sandbox's stdout/stderr on the worker's console as it arrives.",
     )
+    warm_pool_size: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_WARM_POOL_SIZE,
+        title="Warm standbys",
+        description=(
+            "Keep this many standby sandboxes per warm key, each with the Prefect engine already "
+            "imported, so a flow run skips Prefect's start-up; a standby serves exactly one flow run "
+            "and is deleted with it. 0 (the default) runs every flow run cold. Only the default "
+            "command runs warm; a flow run whose PREFECT_* settings differ from the standby's, or "
+            "that finds none ready, runs cold. Each waiting standby holds its interpreter's memory."
+        ),
+    )
 
 
 class PandaStackJobConfiguration(BaseJobConfiguration, PandaStackWorkerFields):
@@ -151,6 +176,9 @@ class PandaStackJobConfiguration(BaseJobConfiguration, PandaStackWorkerFields):
     def client(self) -> pandastack.Client:
         return resolve_credentials(self.credentials).get_client()
 
+    def resolved_credentials(self) -> PandaStackCredentials:
+        return resolve_credentials(self.credentials)
+
     def redactor(self) -> Redactor:
         redactor = resolve_credentials(self.credentials).redactor()
         for name in ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING"):
@@ -160,6 +188,7 @@ class PandaStackJobConfiguration(BaseJobConfiguration, PandaStackWorkerFields):
     def job_spec(self, flow_run: FlowRun, pool: str, worker: str) -> JobSpec:
         """The core's description of this flow run: one sandbox, the flow-run command, no result file."""
         env_file = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(self._sandbox_env.items()))
+        # A cold command in the flow run's own sandbox; a standby runs warm_command instead.
         return JobSpec(
             command=f". {ENV_FILE} && exec {self.command}",
             files={ENV_FILE: env_file},
@@ -207,6 +236,41 @@ class PandaStackWorker(
         self._in_flight: set[str] = set()
         self._limiters: dict[int, anyio.CapacityLimiter] = {}
         self._polls = 0
+        self._instance = str(uuid4())
+        self._warm: WarmPools | None = None
+
+    def warm_pools(self) -> WarmPools:
+        """The standby pools of this worker (made on first use; closed in ``teardown``)."""
+        if self._warm is None:
+            self._warm = WarmPools(
+                {META_POOL: self._work_pool_name, META_WORKER: self.name, META_INSTANCE: self._instance}
+            )
+        return self._warm
+
+    async def prewarm(self) -> Optional[StandbyPool]:
+        """Start the standby pool of the work pool's defaults now, so the first flow run that
+        arrives already finds one ready (the CLI worker does this on its first poll)."""
+        from prefect.client.schemas.objects import FlowRun as APIFlowRun
+
+        defaults: PandaStackJobConfiguration = await self.job_configuration.from_template_and_values(
+            self.work_pool.base_job_template, {}, client=self.client
+        )
+        if defaults.warm_pool_size <= 0:
+            return None
+        # The per-run variables are not part of the key: any flow run stands in for the real ones.
+        defaults.prepare_for_flow_run(
+            APIFlowRun(flow_id=uuid4(), name="prewarm"), work_pool=self.work_pool, worker_name=self.name
+        )
+        return await anyio.to_thread.run_sync(self.warm_pools().ensure, defaults)
+
+    async def teardown(self, *exc_info: Any) -> None:
+        """Stop as Prefect does, then close the standby pools: no standby outlives its worker."""
+        try:
+            await super().teardown(*exc_info)
+        finally:
+            warm, self._warm = self._warm, None
+            if warm is not None:
+                await anyio.to_thread.run_sync(warm.close)
 
     async def start(self, *args: Any, **kwargs: Any) -> Any:
         """Refuse to start without credentials: otherwise every flow run it claims crashes."""
@@ -271,10 +335,15 @@ class PandaStackWorker(
                 (sys.stdout if stream == "stdout" else sys.stderr).write(chunk)
 
         client = configuration.client()
+        standby = None
+        if configuration.warm_pool_size > 0:
+            standby = await anyio.to_thread.run_sync(self.warm_pools().take, configuration)
         job = functools.partial(
             run_job,
             client,
             spec,
+            standby=standby,
+            standby_command=warm_command(standby, ENV_FILE) if standby is not None else None,
             on_created=on_created,
             on_output=on_output,
             handle=handle,
@@ -309,6 +378,12 @@ class PandaStackWorker(
         finally:
             self._in_flight.discard(str(flow_run.id))
         outcome = outcomes[0]
+        if standby is not None:
+            run_logger.info(
+                "Flow run took standby %s%s",
+                standby.sandbox_id,
+                "" if outcome.standby else ": it was gone, so it ran cold in a fresh sandbox",
+            )
         if cancelled or handle.cancelled:
             await self._mark_cancelled(flow_run)
             return PandaStackWorkerResult(identifier=outcome.sandbox_id or "", status_code=0)
@@ -360,6 +435,11 @@ class PandaStackWorker(
     # -- orphans of dead workers -------------------------------------------------------------
 
     async def get_and_submit_flow_runs(self) -> list[FlowRun]:
+        if self._polls == 0:
+            try:
+                await self.prewarm()
+            except Exception as exc:  # noqa: BLE001 - without standbys flow runs still run, cold
+                self._logger.warning("could not start the standby pool: %s", exc)
         if self._polls % SWEEP_EVERY_POLLS == 0:
             try:
                 defaults: PandaStackJobConfiguration = await self.job_configuration.from_template_and_values(
@@ -376,7 +456,8 @@ class PandaStackWorker(
 
         A sandbox is an orphan when its flow run is already final, when it was made by this
         worker's name but is not one of its runs (a previous life of a restarted worker), or
-        when its worker is no longer online in the pool (missed heartbeats).
+        when its worker is no longer online in the pool (missed heartbeats). A standby is an
+        orphan only in the last two cases (it names no flow run: none is marked Crashed).
         """
         pool = self._work_pool_name
         online = {w.name for w in await self.client.read_workers_for_work_pool(pool) if _online(w)}
@@ -387,6 +468,13 @@ class PandaStackWorker(
         for sb in candidates:
             meta = sb.metadata or {}
             run_id, owner = meta.get(META_FLOW_RUN, ""), meta.get(META_WORKER, "")
+            if STANDBY_LABEL in meta:
+                # A standby (waiting, or taken by a run: it names no run) is its pool's to delete;
+                # an orphan only once its worker is gone, or is this worker's previous life.
+                mine = owner == self.name and meta.get(META_INSTANCE) == self._instance
+                if not mine and (owner == self.name or owner not in online):
+                    orphans[sb.id] = ""
+                continue
             if owner == self.name:
                 if run_id not in self._in_flight:
                     orphans[sb.id] = run_id

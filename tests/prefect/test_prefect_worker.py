@@ -48,6 +48,7 @@ pytestmark = pytest.mark.timeout(300)
 FLOW_CODE = """
 import json, os, socket, time
 from prefect import flow, get_run_logger
+from prefect.settings import get_current_settings
 from prefect.artifacts import create_markdown_artifact
 
 
@@ -58,6 +59,7 @@ def inside(seconds: float = 0.0, fail: bool = False) -> int:
         "agent": os.path.exists("/.pandastack/agent.py"),
         "env": sorted(os.environ),
         "cwd": os.getcwd(),
+        "settings_api_key": get_current_settings().api.key is not None,
     }
     create_markdown_artifact(markdown=json.dumps(facts), key="inside-facts")
     get_run_logger().info("inside the sandbox on %s", facts["hostname"])
@@ -204,6 +206,7 @@ def test_flow_run_runs_in_its_own_sandbox_and_completes(sandbox_server: LocalSer
     assert fr.state.type == StateType.COMPLETED, fr.state
     facts = inside_facts(fr_id)
     assert facts["hostname"] == "sandbox" and facts["agent"] is True
+    assert "PANDASTACK_WARM" not in facts["env"], "warm_pool_size 0 (the default) runs cold"
     # infrastructure_pid is the sandbox, which is gone now.
     assert fr.infrastructure_pid and len(fr.infrastructure_pid) == 36
     assert fr.infrastructure_pid not in {sb.id for sb in sandbox_server.client().sandboxes.list()}
