@@ -171,6 +171,7 @@ def _reopen_stdio(unbuffered):
 def _child(plan, env, cwd, fds, conn, listener):
     """In the fork: become the job. Returns only by raising SystemExit (the interpreter's own exit)."""
     import runpy
+    import warnings
 
     os.setpgid(0, 0)  # the job's own process group: killed whole when its attach goes away
     for stream in (sys.stdout, sys.stderr):
@@ -203,6 +204,12 @@ def _child(plan, env, cwd, fds, conn, listener):
     else:
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         sys.argv = [target, *args]
+    if kind == "module":
+        # The runner preloaded the module, so runpy warns that it is already in sys.modules: that
+        # is the point of a standby, not the job's problem (the job still runs a fresh __main__).
+        warnings.filterwarnings(
+            "ignore", message=r".*found in sys\.modules after import of package", category=RuntimeWarning
+        )
     try:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -312,3 +312,34 @@ def test_a_standby_whose_runner_cannot_start_is_deleted_and_reported(
     finally:
         pool.close()
     assert ps_client.sandboxes.list() == []
+
+
+PKG_MAIN = """
+import json, os, sys
+if __name__ == "__main__":
+    state = {"warm": os.environ.get("PANDASTACK_WARM"), "name": __name__}
+    json.dump(state, open(os.environ["JOB_RESULT"], "w"))
+"""
+
+
+def test_running_a_preloaded_submodule_prints_no_runpy_warning(local_server, ps_client) -> None:
+    """The engine's entry point is often the very module the standby preloaded (``prefect.engine``):
+    runpy then warns that it is already in ``sys.modules``; the runner keeps that out of the job's stderr."""
+    warm = WarmStart(
+        template="base",
+        modules=("warmpkg.main",),
+        env=ENV,
+        files={f"{WARM_DIR}/warmpkg/__init__.py": "", f"{WARM_DIR}/warmpkg/main.py": PKG_MAIN},
+    )
+    with StandbyPool(local_server.client, warm, size=1) as p:
+        standby = _take(p)
+        argv = ["python3", "-m", "warmpkg.main"]
+        outcome = run_job(
+            ps_client,
+            _spec(command="python3 -m warmpkg.main", files={}),
+            standby=standby,
+            standby_command=standby.command(argv),
+        )
+    assert outcome.ok, outcome.reason
+    assert outcome.result == {"warm": "1", "name": "__main__"}
+    assert "found in sys.modules" not in outcome.stderr_tail
