@@ -49,17 +49,31 @@ def input_path(workdir: str = WORKDIR) -> str:
     return INPUT_PATH if workdir == WORKDIR else f"{workdir}/input.json"
 
 
-def timed_command(command: str, timeout: float, env: Mapping[str, str], *, replace: bool = False) -> str:
-    """``command`` under the guest-side hard timeout, in the work directory.
+def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
+    """``command`` under the guest-side hard timeout, in the work directory; its exit code in ``$rc``.
 
     The variables are the shell's own prefix assignments (names are checked by
     :class:`~.spec.JobSpec`), not ``env``: one process start fewer per job.
-    ``replace``: the shell execs ``timeout`` instead of waiting for it.
+
+    ``timeout`` makes its own process group (its pid) and at the deadline sends TERM to
+    its child and that group; but the ``sh -c`` wrapper dies at the TERM, so ``timeout``
+    sees its child exit, returns 124 at once and never sends the KILL after the grace. A
+    process of the job deaf to TERM would outlive its clock in a sandbox that outlives the
+    job (a chunk's next mate, a detached job until it is polled). So ``timeout`` runs in
+    the background (the exec's stdin is ``/dev/null`` already, as a background job's is),
+    the shell waits for it, and after a timeout (124, or 137 once the KILL was sent) it
+    polls the group for up to the grace and KILLs what is left: nothing is waited for
+    when nothing survived the TERM.
     """
     assigns = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    polls = KILL_GRACE_SECONDS * 10
     return (
-        f"{assigns}{'exec ' if replace else ''}timeout -s TERM -k {KILL_GRACE_SECONDS} {_seconds(timeout)} "
-        f"sh -c {shlex.quote(command)}"
+        f"{assigns}timeout -s TERM -k {KILL_GRACE_SECONDS} {_seconds(timeout)} "
+        f"sh -c {shlex.quote(command)} & pg=$!; wait $pg; rc=$?; "
+        f"if [ $rc -eq {TIMEOUT_EXIT_CODE} ] || [ $rc -eq 137 ]; then n=0; "
+        f"while kill -0 -$pg 2>/dev/null; do "
+        f"if [ $n -ge {polls} ]; then kill -KILL -$pg 2>/dev/null; break; fi; "
+        "n=$((n+1)); sleep 0.1; done; fi"
     )
 
 
@@ -71,7 +85,7 @@ def foreground_command(command: str, timeout: float, env: Mapping[str, str], wor
     """
     wd = shlex.quote(workdir)
     prepare = f"{{ [ -d {wd} ] || mkdir -p {wd}; }} && cd {wd}"
-    return f"{prepare} && {timed_command(command, timeout, env, replace=True)}"
+    return f"{prepare} && {{ {timed_command(command, timeout, env)}; exit $rc; }}"
 
 
 def job_script(
@@ -99,7 +113,7 @@ def job_script(
             steps.append(f"{{ [ -d {shlex.quote(parent)} ] || mkdir -p {shlex.quote(parent)}; }}")
             made.add(parent)
         steps.append(f"printf %s {shlex.quote(text)} > {shlex.quote(path)}")
-    line = f"{' && '.join(steps)} && {timed_command(command, timeout, env)}; rc=$?"
+    line = f"{' && '.join(steps)} && {{ {timed_command(command, timeout, env)}; }} || rc=$?"
     if result is not None:
         line += f"; if [ $rc -eq 0 ] && [ -f {shlex.quote(result.path)} ]; then {result.shell()}; fi"
     return f"{line}; exit $rc"
@@ -145,7 +159,7 @@ def detached_command(command: str, timeout: float, env: Mapping[str, str]) -> st
     """
     inner = (
         f"{timed_command(command, timeout, env)}; "
-        f"echo $? > {DETACHED_EXIT}.tmp && mv {DETACHED_EXIT}.tmp {DETACHED_EXIT}"
+        f"echo $rc > {DETACHED_EXIT}.tmp && mv {DETACHED_EXIT}.tmp {DETACHED_EXIT}"
     )
     return background_command(inner, directory=DETACHED_DIR, stdout=DETACHED_STDOUT, stderr=DETACHED_STDERR)
 

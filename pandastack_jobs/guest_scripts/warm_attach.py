@@ -5,10 +5,11 @@ pandastack_jobs), where ARGV is the job's cold argv (``python3 -m MODULE ARGS``)
 ``runner.sock`` beside it and sends {argv, env, cwd} (length-prefixed JSON) with its fds 0, 1, 2;
 the runner's child runs the job on them and the runner sends back its exit code, which this
 process exits with. SIGTERM/SIGINT/SIGHUP are passed on to the job's process group, so the
-guest-side timeout's TERM reaches the job (and a KILL follows after the grace, as ``timeout -k``
-would send it), and if this process is killed outright the runner kills the job. When there
-is no runner (gone, refused, says ``cold``), this process execs ARGV itself: the job still runs,
-cold, in the same sandbox.
+guest-side timeout's TERM reaches the job, and what is left of that group is KILLed after the
+grace (after a TERM this process exits only once the group is empty or KILLed, even when the
+runner already reported the job's exit); if this process is killed outright the runner kills
+the job. When there is no runner (gone, refused, says ``cold``), this process execs ARGV
+itself: the job still runs, cold, in the same sandbox.
 """
 
 import json
@@ -17,6 +18,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOCK = os.path.join(HERE, "runner.sock")
@@ -57,6 +59,27 @@ def _replies(conn):
         buf += chunk
 
 
+def _drain(pgid, kill_at):
+    """Wait, after a TERM, until nothing is left of the job's process group, KILLing it at ``kill_at``.
+
+    The runner reports the job's exit when its main process dies at the TERM; a child deaf to
+    the TERM would outlive the clock, as in the cold path (pandastack_jobs.guest.timed_command).
+    Nothing is waited for when nothing survived.
+    """
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except OSError:
+            return
+        if time.monotonic() >= kill_at:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+            return
+        time.sleep(0.1)
+
+
 def main(argv):
     if not argv:
         sys.stderr.write("usage: warm_attach.py ARGV...\n")
@@ -74,6 +97,7 @@ def main(argv):
         conn.close()
         _cold(argv)
     job = []  # type: list[int]
+    termed = []  # type: list[float]  # when a TERM was passed on: the job is being timed out
 
     def forward(signum, _frame):
         if not job:
@@ -82,7 +106,8 @@ def main(argv):
             os.killpg(job[0], signum)
         except OSError:
             pass
-        if signum == signal.SIGTERM:
+        if signum == signal.SIGTERM and not termed:
+            termed.append(time.monotonic())
             signal.alarm(KILL_GRACE_SECONDS)  # as ``timeout -k``: a job deaf to TERM is killed
 
     def kill(_signum, _frame):
@@ -99,6 +124,8 @@ def main(argv):
             if "started" in reply:
                 job.append(int(reply["started"]))
             elif "exit" in reply:
+                if termed:
+                    _drain(job[0], termed[0] + KILL_GRACE_SECONDS)
                 return int(reply["exit"])
             elif ("cold" in reply or "error" in reply) and not job:
                 break  # the runner will not run it (or could not read it): the job never ran

@@ -20,6 +20,7 @@ from pandastack_jobs import (
     StandbyPool,
     WarmStart,
     delete_sandbox,
+    guest,
     run_job,
     start_detached,
 )
@@ -179,12 +180,48 @@ def test_the_guest_timeout_kills_the_jobs_whole_process_group(pool, ps_client) -
 
     def execute_then_look(sb):
         code, elapsed = run.execute(sb)
-        assert _job_processes(sb, "sleep 303", 0)  # the TERM alone did not end it
+        # The TERM alone did not end it: the exec returned only once the KILL had (the grace).
+        assert elapsed >= 2 + guest.KILL_GRACE_SECONDS - 0.5, elapsed
         left[:] = _job_processes(sb, "hangs", 15) + _job_processes(sb, "sleep 303", 1)
         return code, elapsed
 
     outcome = run.run(
         acquire=lambda: run.take_standby(standby.sandbox_id, standby.command(["python3", "-m", "hangs"])),
+        execute=execute_then_look,
+        fresh=True,
+    )
+    assert run.warm is True and "started" in outcome.stdout_tail
+    assert outcome.kind is FailureKind.TIMEOUT, outcome.reason
+    assert left == []
+
+
+DIES_AT_TERM = """
+import subprocess, time
+subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 305"])  # deaf to TERM; the job itself is not
+print("started", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_warm_job_that_dies_at_term_leaves_no_child_deaf_to_it(pool, ps_client) -> None:
+    """The runner reports the job's exit at the TERM; what ignored the TERM is KILLed after the grace."""
+    from pandastack_jobs.lifecycle import JobRun
+
+    standby = _take(pool)
+    argv = ["python3", "-m", "diesatterm"]
+    spec = _spec(
+        command="python3 -m diesatterm", files={"diesatterm.py": DIES_AT_TERM}, timeout=2, result_path=None
+    )
+    left: list[str] = ["not looked"]
+    run = JobRun(ps_client, spec)
+
+    def execute_then_look(sb):
+        code, elapsed = run.execute(sb)
+        left[:] = _job_processes(sb, "sleep 305", 0)
+        return code, elapsed
+
+    outcome = run.run(
+        acquire=lambda: run.take_standby(standby.sandbox_id, standby.command(argv)),
         execute=execute_then_look,
         fresh=True,
     )

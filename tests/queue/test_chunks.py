@@ -211,3 +211,28 @@ def test_a_worker_sigkilled_mid_chunk_leaves_nothing_behind(
     assert stats.received == 3 and stats.acked == 3 and stats.dead_lettered == 0
     assert broker.dead(queue) == [] and broker.depth(queue) == 0
     assert live_sandboxes(local_server, job_workflow=queue) == []
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_timed_out_mate_leaves_nothing_running_for_the_next(
+    broker: Broker, queue: str, start_consumer: Any
+) -> None:
+    """The first mate times out with a child deaf to TERM; the next mate, in the same sandbox,
+    counts the processes left of it: none, the guest clock KILLed the group after the grace
+    (t0 is then retried alone and dead-lettered)."""
+    t = broker.transport(queue)
+    deaf = "(trap '' TERM; exec sleep 1002) & sleep 600"
+    count = (
+        "n=0; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q 'sleep 100[2]' "
+        "&& n=$((n+1)); done; "
+        'printf \'{"id": "t1", "alive": %s, "dir": "%s"}\' $n "$PWD" > "$JOB_RESULT"'
+    )
+    t.send(json.dumps({"id": "t0", "tenant": "acme", "command": deaf, "options": {"timeout": 2}}).encode())
+    t.send(json.dumps({"id": "t1", "tenant": "acme", "command": count, "options": {"timeout": 2}}).encode())
+    start_consumer(
+        until=lambda s: s.acked + s.dead_lettered >= 2, concurrency=1, chunk_size=2, max_deliveries=2
+    ).join(90)
+    (dead,) = broker.dead(queue)
+    assert json.loads(dead["body"])["id"] == "t0" and dead["why"]["kind"] == "timeout", dead
+    # The second mate of the chunk (its own directory), so in the sandbox t0 timed out in.
+    assert [r["result"] for r in broker.results(queue)] == [{"id": "t1", "alive": 0, "dir": "/work/.chunk/1"}]
