@@ -59,6 +59,9 @@ DEFAULT_RUNNER_IDLE = 3600
 LAUNCH_TIMEOUT = 30  # the exec that starts the runner in the background returns at once
 CHECK_TIMEOUT = 15
 MAX_BACKOFF_SECONDS = 60.0
+# A refill starts this long after the last take (debounced): making a standby costs an engine
+# import (about a second of CPU), which would otherwise compete with the try just handed out.
+DEFAULT_REFILL_DELAY = 2.0
 
 
 def guest_script(name: str) -> bytes:
@@ -175,9 +178,12 @@ class StandbyPool:
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         runner_idle_seconds: int = DEFAULT_RUNNER_IDLE,
         refresh_seconds: float | None = None,
+        refill_delay: float = DEFAULT_REFILL_DELAY,
     ) -> None:
-        if size < 0 or fill_concurrency < 1 or idle_ttl < 10:
-            raise ValueError("StandbyPool: size >= 0, fill_concurrency >= 1, idle_ttl >= 10 seconds")
+        if size < 0 or fill_concurrency < 1 or idle_ttl < 10 or refill_delay < 0:
+            raise ValueError(
+                "StandbyPool: size >= 0, fill_concurrency >= 1, idle_ttl >= 10 seconds, refill_delay >= 0"
+            )
         self.client_factory = client_factory
         self.warm = warm
         self.size = size
@@ -189,6 +195,9 @@ class StandbyPool:
         self.runner_idle_seconds = runner_idle_seconds
         self.refresh_seconds = refresh_seconds if refresh_seconds is not None else max(1.0, idle_ttl / 4)
         """How often a waiting standby is checked (its idle TTL refreshed): well inside ``idle_ttl``."""
+        self.refill_delay = refill_delay
+        """Seconds after the last take before refilling (each take restarts it): the try just
+        handed out gets the CPU that a standby's engine import would otherwise take from it."""
         self.key = warm.key()
         self.failures = 0
         """Consecutive failed fills (reset by a success): the back-off's exponent."""
@@ -201,6 +210,7 @@ class StandbyPool:
         self._closed = False
         self._client: pandastack.Client | None = None
         self._next_fill = 0.0
+        self._refill_at = 0.0  # monotonic: no fill starts before (set by take, debounced)
 
     # -- the API ---------------------------------------------------------------------------------
 
@@ -213,11 +223,14 @@ class StandbyPool:
         return self
 
     def take(self) -> Standby | None:
-        """A ready standby, removed from the pool (a refill is scheduled); None when none is ready."""
+        """A ready standby, removed from the pool; None when none is ready.
+
+        The refill starts ``refill_delay`` seconds after the last take."""
         with self._lock:
             if self._closed or not self._ready:
                 return None
             sandbox_id, _ = self._ready.popleft()
+            self._refill_at = time.monotonic() + self.refill_delay
             self._lock.notify_all()
         return Standby(sandbox_id, self.warm)
 
@@ -356,7 +369,7 @@ class StandbyPool:
                 if not due:
                     wake = min((period - (now - at) for _, at in self._ready), default=period)
                     if len(self._ready) + len(self._filling) < self.size:
-                        wake = min(wake, self._next_fill - now)
+                        wake = min(wake, max(self._next_fill, self._refill_at) - now)
                     self._lock.wait(timeout=max(0.05, wake))
                     continue
             for sandbox_id in due:
@@ -384,12 +397,13 @@ class StandbyPool:
         delete_sandbox(self._client, sandbox_id)
 
     def _start_fills(self) -> None:
-        """Under the lock: start fills until ready + filling reaches size (back-off permitting)."""
+        """Under the lock: start fills until ready + filling reaches size (back-off and the
+        refill delay permitting)."""
         self._fillers = [t for t in self._fillers if t.is_alive()]
         while (
             len(self._ready) + len(self._filling) < self.size
             and len(self._filling) < self.fill_concurrency
-            and time.monotonic() >= self._next_fill
+            and time.monotonic() >= max(self._next_fill, self._refill_at)
         ):
             handle = JobHandle()
             thread = threading.Thread(target=self._fill, args=(handle,), name="standby-fill", daemon=True)

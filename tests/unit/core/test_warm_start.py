@@ -84,6 +84,24 @@ def test_take_hands_out_each_standby_once_and_the_pool_refills(fake: FakeClient)
     pool.close()  # idempotent
 
 
+def test_the_refill_waits_refill_delay_after_the_last_take(fake: FakeClient) -> None:
+    _runner_ready(fake)
+    pool = _pool(fake, refill_delay=0.6).start()
+    try:
+        _until(lambda: pool.ready == 2)
+        launches = lambda: len([c for c in fake.execs if "warm_runner.py" in c.command])  # noqa: E731
+        assert launches() == 2
+        pool.take()
+        time.sleep(0.4)
+        pool.take()  # a second take restarts the delay (debounced)
+        time.sleep(0.4)
+        assert launches() == 2 and pool.ready == 0  # no refill competes with the tries yet
+        _until(lambda: pool.ready == 2)
+        assert launches() == 4
+    finally:
+        pool.close()
+
+
 def test_take_returns_none_when_nothing_is_ready(fake: FakeClient) -> None:
     pool = _pool(fake, size=0).start()
     try:
