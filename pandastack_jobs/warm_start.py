@@ -85,6 +85,9 @@ class WarmStart:
     standby only when the adapter's key matches, and the runner itself refuses (runs the job
     cold) when a ``PYTHON*`` variable of the job differs from the runner's. ``files`` (guest path
     -> content) are written before the runner starts, e.g. a module it imports.
+    ``optional_modules`` are imported after ``modules`` when the environment has them (modules
+    every job imports later, which not every engine version has): one missing is skipped, never a
+    failed standby.
     """
 
     template: str
@@ -92,12 +95,14 @@ class WarmStart:
     modules: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     files: Mapping[str, str | bytes] = field(default_factory=dict, hash=False)
+    optional_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "optional_modules", tuple(self.optional_modules))
         object.__setattr__(self, "env", _freeze(self.env, "env"))
         object.__setattr__(self, "files", _freeze(self.files, "files"))
-        for name in self.modules:
+        for name in (*self.modules, *self.optional_modules):
             if not isinstance(name, str) or not name or name.startswith("-"):
                 raise ValueError(f"WarmStart.modules: {name!r} is not a module name")
 
@@ -112,6 +117,7 @@ class WarmStart:
             "template": self.template,
             "python": self.python,
             "modules": list(self.modules),
+            "optional_modules": list(self.optional_modules),
             "env": dict(sorted(self.env.items())),
             "files": files,
             "runner": hashlib.sha256(guest_script("warm_runner.py")).hexdigest(),
@@ -141,7 +147,8 @@ def launch_command(warm: WarmStart, idle_seconds: int) -> str:
 
     If the runner dies before it says ready (no interpreter, say), the shell writes the state.
     """
-    argv = [warm.python, RUNNER_PATH, "--idle", str(idle_seconds), *warm.modules]
+    optional = [arg for name in warm.optional_modules for arg in ("--optional", name)]
+    argv = [warm.python, RUNNER_PATH, "--idle", str(idle_seconds), *warm.modules, *optional]
     fail = shlex.quote(json.dumps({"ready": False, "error": "runner exited %s"}))
     inner = (
         f"{shlex.join(argv)}; rc=$?; [ -e {STATE_PATH} ] || "

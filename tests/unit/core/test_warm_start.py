@@ -102,6 +102,18 @@ def test_the_refill_waits_refill_delay_after_the_last_take(fake: FakeClient) -> 
         pool.close()
 
 
+def test_optional_modules_reach_the_runner_and_the_key(fake: FakeClient) -> None:
+    warm = WarmStart(template="base", modules=("json",), optional_modules=("decimal", "no_such_xyz"))
+    assert warm.key() != WarmStart(template="base", modules=("json",)).key()
+    _runner_ready(fake)
+    with StandbyPool(lambda: fake, warm, size=1) as pool:  # type: ignore[arg-type,return-value]
+        _until(lambda: pool.ready == 1)
+        (launch,) = [c for c in fake.execs if "warm_runner.py" in c.command]
+        assert "json --optional decimal --optional no_such_xyz" in launch.line
+    with pytest.raises(ValueError):
+        WarmStart(template="base", optional_modules=("-c",))
+
+
 def test_take_returns_none_when_nothing_is_ready(fake: FakeClient) -> None:
     pool = _pool(fake, size=0).start()
     try:
