@@ -59,6 +59,9 @@ DEFAULT_RUNNER_IDLE = 3600
 LAUNCH_TIMEOUT = 30  # the exec that starts the runner in the background returns at once
 CHECK_TIMEOUT = 15
 MAX_BACKOFF_SECONDS = 60.0
+# A refill starts this long after the last take (debounced): making a standby costs an engine
+# import (about a second of CPU), which would otherwise compete with the try just handed out.
+DEFAULT_REFILL_DELAY = 2.0
 
 
 def guest_script(name: str) -> bytes:
@@ -82,6 +85,9 @@ class WarmStart:
     standby only when the adapter's key matches, and the runner itself refuses (runs the job
     cold) when a ``PYTHON*`` variable of the job differs from the runner's. ``files`` (guest path
     -> content) are written before the runner starts, e.g. a module it imports.
+    ``optional_modules`` are imported after ``modules`` when the environment has them (modules
+    every job imports later, which not every engine version has): one missing is skipped, never a
+    failed standby.
     """
 
     template: str
@@ -89,12 +95,14 @@ class WarmStart:
     modules: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     files: Mapping[str, str | bytes] = field(default_factory=dict, hash=False)
+    optional_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", tuple(self.modules))
+        object.__setattr__(self, "optional_modules", tuple(self.optional_modules))
         object.__setattr__(self, "env", _freeze(self.env, "env"))
         object.__setattr__(self, "files", _freeze(self.files, "files"))
-        for name in self.modules:
+        for name in (*self.modules, *self.optional_modules):
             if not isinstance(name, str) or not name or name.startswith("-"):
                 raise ValueError(f"WarmStart.modules: {name!r} is not a module name")
 
@@ -109,6 +117,7 @@ class WarmStart:
             "template": self.template,
             "python": self.python,
             "modules": list(self.modules),
+            "optional_modules": list(self.optional_modules),
             "env": dict(sorted(self.env.items())),
             "files": files,
             "runner": hashlib.sha256(guest_script("warm_runner.py")).hexdigest(),
@@ -138,7 +147,8 @@ def launch_command(warm: WarmStart, idle_seconds: int) -> str:
 
     If the runner dies before it says ready (no interpreter, say), the shell writes the state.
     """
-    argv = [warm.python, RUNNER_PATH, "--idle", str(idle_seconds), *warm.modules]
+    optional = [arg for name in warm.optional_modules for arg in ("--optional", name)]
+    argv = [warm.python, RUNNER_PATH, "--idle", str(idle_seconds), *warm.modules, *optional]
     fail = shlex.quote(json.dumps({"ready": False, "error": "runner exited %s"}))
     inner = (
         f"{shlex.join(argv)}; rc=$?; [ -e {STATE_PATH} ] || "
@@ -175,9 +185,12 @@ class StandbyPool:
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         runner_idle_seconds: int = DEFAULT_RUNNER_IDLE,
         refresh_seconds: float | None = None,
+        refill_delay: float = DEFAULT_REFILL_DELAY,
     ) -> None:
-        if size < 0 or fill_concurrency < 1 or idle_ttl < 10:
-            raise ValueError("StandbyPool: size >= 0, fill_concurrency >= 1, idle_ttl >= 10 seconds")
+        if size < 0 or fill_concurrency < 1 or idle_ttl < 10 or refill_delay < 0:
+            raise ValueError(
+                "StandbyPool: size >= 0, fill_concurrency >= 1, idle_ttl >= 10 seconds, refill_delay >= 0"
+            )
         self.client_factory = client_factory
         self.warm = warm
         self.size = size
@@ -189,6 +202,9 @@ class StandbyPool:
         self.runner_idle_seconds = runner_idle_seconds
         self.refresh_seconds = refresh_seconds if refresh_seconds is not None else max(1.0, idle_ttl / 4)
         """How often a waiting standby is checked (its idle TTL refreshed): well inside ``idle_ttl``."""
+        self.refill_delay = refill_delay
+        """Seconds after the last take before refilling (each take restarts it): the try just
+        handed out gets the CPU that a standby's engine import would otherwise take from it."""
         self.key = warm.key()
         self.failures = 0
         """Consecutive failed fills (reset by a success): the back-off's exponent."""
@@ -201,6 +217,7 @@ class StandbyPool:
         self._closed = False
         self._client: pandastack.Client | None = None
         self._next_fill = 0.0
+        self._refill_at = 0.0  # monotonic: no fill starts before (set by take, debounced)
 
     # -- the API ---------------------------------------------------------------------------------
 
@@ -213,11 +230,14 @@ class StandbyPool:
         return self
 
     def take(self) -> Standby | None:
-        """A ready standby, removed from the pool (a refill is scheduled); None when none is ready."""
+        """A ready standby, removed from the pool; None when none is ready.
+
+        The refill starts ``refill_delay`` seconds after the last take."""
         with self._lock:
             if self._closed or not self._ready:
                 return None
             sandbox_id, _ = self._ready.popleft()
+            self._refill_at = time.monotonic() + self.refill_delay
             self._lock.notify_all()
         return Standby(sandbox_id, self.warm)
 
@@ -356,7 +376,7 @@ class StandbyPool:
                 if not due:
                     wake = min((period - (now - at) for _, at in self._ready), default=period)
                     if len(self._ready) + len(self._filling) < self.size:
-                        wake = min(wake, self._next_fill - now)
+                        wake = min(wake, max(self._next_fill, self._refill_at) - now)
                     self._lock.wait(timeout=max(0.05, wake))
                     continue
             for sandbox_id in due:
@@ -384,12 +404,13 @@ class StandbyPool:
         delete_sandbox(self._client, sandbox_id)
 
     def _start_fills(self) -> None:
-        """Under the lock: start fills until ready + filling reaches size (back-off permitting)."""
+        """Under the lock: start fills until ready + filling reaches size (back-off and the
+        refill delay permitting)."""
         self._fillers = [t for t in self._fillers if t.is_alive()]
         while (
             len(self._ready) + len(self._filling) < self.size
             and len(self._filling) < self.fill_concurrency
-            and time.monotonic() >= self._next_fill
+            and time.monotonic() >= max(self._next_fill, self._refill_at)
         ):
             handle = JobHandle()
             thread = threading.Thread(target=self._fill, args=(handle,), name="standby-fill", daemon=True)

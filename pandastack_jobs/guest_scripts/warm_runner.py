@@ -1,7 +1,8 @@
 """The warm runner: an interpreter that has already imported the engine's modules, waiting for ONE job.
 
 Runs inside a standby sandbox (stdlib only, Python >= 3.9; it must never import pandastack_jobs).
-It imports the modules named on its command line, binds ``runner.sock`` (mode 0600) in its
+It imports the modules named on its command line (``--optional NAME``: imported if it can be,
+skipped and reported in the state if not), binds ``runner.sock`` (mode 0600) in its
 directory, writes the ready state, and blocks in ``accept()`` (no CPU while idle) for at most
 ``--idle`` seconds. Its one client is ``warm_attach.py``, run as the job's command: it sends the
 cold argv, its environment and cwd (JSON, length-prefixed, bounded) and its fds 0, 1, 2. The runner
@@ -48,22 +49,35 @@ def _write_state(state):
 def _parse_args(argv):
     idle = 3600.0
     modules = []
+    optional = []
     i = 0
     while i < len(argv):
         if argv[i] == "--idle":
             idle = float(argv[i + 1])
             i += 2
             continue
+        if argv[i] == "--optional":
+            optional.append(argv[i + 1])
+            i += 2
+            continue
         modules.append(argv[i])
         i += 1
-    return idle, modules
+    return idle, modules, optional
 
 
-def _preload(modules):
+def _preload(modules, optional=()):
+    """Import ``modules`` (a failure fails the standby), then ``optional`` ones: a module this
+    environment lacks (another engine version, say) is only skipped; the job imports what it needs."""
     started = time.monotonic()
     for name in modules:
         __import__(name)
-    return time.monotonic() - started
+    skipped = []
+    for name in optional:
+        try:
+            __import__(name)
+        except ImportError as exc:
+            skipped.append(f"{name}: {type(exc).__name__}: {exc}"[:200])
+    return time.monotonic() - started, skipped
 
 
 def _recv_exact(conn, n):
@@ -313,9 +327,9 @@ def serve(listener, idle):
 
 
 def main(argv):
-    idle, modules = _parse_args(argv)
+    idle, modules, optional = _parse_args(argv)
     try:
-        preload = _preload(modules)
+        preload, skipped = _preload(modules, optional)
     except BaseException as exc:  # noqa: BLE001 - any import failure is reported, never hidden
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         _write_state({"ready": False, "error": f"preload failed: {text}"[:MAX_ERROR_CHARS]})
@@ -341,6 +355,8 @@ def main(argv):
             "preload_seconds": round(preload, 6),
             "python": sys.version.split()[0],
             "modules": modules,
+            "optional": optional,
+            "skipped": skipped,
         }
     )
     return serve(listener, idle)

@@ -168,6 +168,19 @@ def test_a_module_with_another_pythonpath_runs_cold(warm_dir: Path) -> None:
     assert runner.wait(10) == 0
 
 
+def test_optional_modules_are_preloaded_and_a_missing_one_is_only_skipped(warm_dir: Path) -> None:
+    (warm_dir / "has.py").write_text(
+        "import sys\nprint(sorted(m for m in ('decimal', 'fractions') if m in sys.modules))\n"
+    )
+    runner = _start_runner(warm_dir, "json", "--optional", "no_such_module_xyz", "--optional", "decimal")
+    state = json.loads((warm_dir / "state").read_text())
+    assert state["optional"] == ["no_such_module_xyz", "decimal"]
+    assert [s.split(":")[0] for s in state["skipped"]] == ["no_such_module_xyz"]
+    done = _attach(warm_dir, [sys.executable, "-m", "has"])
+    assert (done.returncode, done.stdout) == (0, "['decimal']\n")  # the fork has it already
+    assert runner.wait(10) == 0
+
+
 def test_a_preload_that_fails_is_reported_not_served(warm_dir: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(warm_dir / "warm_runner.py"), "no_such_module_xyz"],

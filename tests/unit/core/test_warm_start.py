@@ -84,6 +84,36 @@ def test_take_hands_out_each_standby_once_and_the_pool_refills(fake: FakeClient)
     pool.close()  # idempotent
 
 
+def test_the_refill_waits_refill_delay_after_the_last_take(fake: FakeClient) -> None:
+    _runner_ready(fake)
+    pool = _pool(fake, refill_delay=0.6).start()
+    try:
+        _until(lambda: pool.ready == 2)
+        launches = lambda: len([c for c in fake.execs if "warm_runner.py" in c.command])  # noqa: E731
+        assert launches() == 2
+        pool.take()
+        time.sleep(0.4)
+        pool.take()  # a second take restarts the delay (debounced)
+        time.sleep(0.4)
+        assert launches() == 2 and pool.ready == 0  # no refill competes with the tries yet
+        _until(lambda: pool.ready == 2)
+        assert launches() == 4
+    finally:
+        pool.close()
+
+
+def test_optional_modules_reach_the_runner_and_the_key(fake: FakeClient) -> None:
+    warm = WarmStart(template="base", modules=("json",), optional_modules=("decimal", "no_such_xyz"))
+    assert warm.key() != WarmStart(template="base", modules=("json",)).key()
+    _runner_ready(fake)
+    with StandbyPool(lambda: fake, warm, size=1) as pool:  # type: ignore[arg-type,return-value]
+        _until(lambda: pool.ready == 1)
+        (launch,) = [c for c in fake.execs if "warm_runner.py" in c.command]
+        assert "json --optional decimal --optional no_such_xyz" in launch.line
+    with pytest.raises(ValueError):
+        WarmStart(template="base", optional_modules=("-c",))
+
+
 def test_take_returns_none_when_nothing_is_ready(fake: FakeClient) -> None:
     pool = _pool(fake, size=0).start()
     try:
