@@ -317,10 +317,16 @@ upload, the exec over HTTP, the delete, and the engine's API traffic through the
 {warm_text}"""
 
 
-def executor_section() -> str:
+def executor_section(targets: list[list[Any]]) -> str:
     e = load("executor")
     if not e or "local_one" not in e:
         return ""
+    shapes = (("ratio_warm_one", "one try at a time", 2.0), ("ratio_warm_six", f"{e['tasks']} at once", 3.0))
+    for key, shape, bound in shapes:
+        targets.append(
+            [f"(issue 27 item 3) PandaStackExecutor warm / LocalExecutor, queued -> end, {shape} (p50)",
+             e[key], f"≤ {bound:g}", verdict(e[key], bound)]
+        )  # fmt: skip
     names = {"local": "LocalExecutor", "cold": "PandaStackExecutor cold", "warm": "PandaStackExecutor warm"}
     rows = []
     for shape, what in (("one", "one try at a time"), ("six", f"{e['tasks']} at once")):
@@ -924,7 +930,7 @@ def write_report() -> Path:
         breakdown_section(),
         isolation_section(),
         prefect_worker_section(targets),
-        executor_section(),
+        executor_section(targets),
         warm_section(targets),
         scale_section(),
         local_server_section(targets),
