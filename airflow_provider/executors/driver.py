@@ -90,6 +90,12 @@ SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 # Written into a standby when a try takes it: {"request_id": ..., "labels": {...}} (JSON).
 REQUEST_PATH = f"{guest.DETACHED_DIR}/airflow_request.json"
 REQUEST_FILE_LIMIT = 4096
+# Its first REQUEST_FILE_LIMIT bytes, opened O_NONBLOCK: the try owns the file and may swap in a
+# FIFO, on which `head` blocked until the client's 30 s timeout (per such standby, per sweep).
+REQUEST_READ = (
+    f"dd if={REQUEST_PATH} bs={REQUEST_FILE_LIMIT} count={REQUEST_FILE_LIMIT} "
+    "iflag=count_bytes,nonblock status=none 2>/dev/null"
+)
 
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
@@ -327,7 +333,7 @@ class PandaStackDriver(SandboxDriver):
             if STANDBY_LABEL not in meta or meta.get("job_engine") != ENGINE or sb.id in mine:
                 continue
             try:
-                res = sb.exec(f"head -c {REQUEST_FILE_LIMIT} {REQUEST_PATH} 2>/dev/null", timeout_seconds=30)
+                res = sb.exec(REQUEST_READ, timeout_seconds=30)
                 body = json.loads((res.stdout or "")[:REQUEST_FILE_LIMIT] or "null")
             except (pandastack.PandastackError, ValueError, RecursionError):
                 continue  # gone, or not a try's file: the standby's TTL is its backstop

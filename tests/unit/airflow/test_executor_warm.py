@@ -65,7 +65,7 @@ def fake() -> FakeClient:
 @pytest.fixture
 def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDriver:
     monkeypatch.setattr(ConnectionConfig, "client", lambda self: fake)
-    # What the sandbox answers when a driver reads a standby's request file (bounded by head -c).
+    # What the sandbox answers when a driver reads a standby's request file (bounded by dd).
     fake.script(
         lambda command: REQUEST_PATH in command,
         action=lambda sb, call: Script(stdout=sb.files.get(REQUEST_PATH, b"").decode()),
@@ -220,7 +220,7 @@ def test_a_json_bomb_in_one_tries_request_file_does_not_blind_the_sweep_or_the_f
     driver: PandaStackDriver, fake: FakeClient
 ) -> None:
     """A try owns its standby, so it can rewrite its request file: 4096 ``[`` (within the
-    ``head -c`` bound) makes ``json.loads`` raise RecursionError, which must not escape."""
+    read bound) makes ``json.loads`` raise RecursionError, which must not escape."""
     pool = warm_driver(driver, fake, size=2)
     honest, hostile = request(), request()
     honest_id = launch(driver, honest)["sandbox_id"]
