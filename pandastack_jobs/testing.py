@@ -270,8 +270,9 @@ def _folded(line: str) -> tuple[dict[str, str], _Trailer | None]:
             writes[tokens[i + 4]] = tokens[i + 2]
         elif word == "dd" and trailer is None:
             args = dict(a.partition("=")[::2] for a in tokens[i + 1 : i + 6] if "=" in a)
-            nonce = next(t for t in tokens[:i][::-1] if t.isalnum())
-            trailer = _Trailer(nonce, args["if"], int(args["count"]))
+            nonce = next((t for t in tokens[:i][::-1] if t.isalnum()), None)
+            if nonce is not None and "if" in args and "count" in args:  # else a plain dd, not a trailer
+                trailer = _Trailer(nonce, args["if"], int(args["count"]))
     return writes, trailer
 
 

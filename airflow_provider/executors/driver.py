@@ -90,6 +90,12 @@ SANDBOX_ID_PATH = f"{guest.DETACHED_DIR}/sandbox_id"
 # Written into a standby when a try takes it: {"request_id": ..., "labels": {...}} (JSON).
 REQUEST_PATH = f"{guest.DETACHED_DIR}/airflow_request.json"
 REQUEST_FILE_LIMIT = 4096
+# Its first REQUEST_FILE_LIMIT bytes, opened O_NONBLOCK: the try owns the file and may swap in a
+# FIFO, on which `head` blocked until the client's 30 s timeout (per such standby, per sweep).
+REQUEST_READ = (
+    f"dd if={REQUEST_PATH} bs={REQUEST_FILE_LIMIT} count={REQUEST_FILE_LIMIT} "
+    "iflag=count_bytes,nonblock status=none 2>/dev/null"
+)
 
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
@@ -305,31 +311,38 @@ class PandaStackDriver(SandboxDriver):
                 found.setdefault(
                     request_id, {label: str(meta.get(key, "")) for label, key in LABEL_KEYS.items()}
                 )
-        for request_id, (_, labels) in self._standby_tries(client, listing).items():
-            found.setdefault(request_id, labels)
+        for request_id, claims in self._standby_tries(client, listing).items():
+            found.setdefault(request_id, claims[0][1])
         return found
 
     def _standby_tries(
         self, client: pandastack.Client, listing: Any
-    ) -> dict[str, tuple[str, dict[str, str]]]:
-        """Taken standbys this driver did not launch: request id -> (sandbox id, the try's labels),
-        read (bounded) from the file the launching driver wrote; idle standbys have none."""
+    ) -> dict[str, list[tuple[str, dict[str, str]]]]:
+        """Taken standbys this driver did not launch: request id -> every (sandbox id, the try's
+        labels) whose file names it, read (bounded) from the file the launching driver wrote; idle
+        standbys have none.
+
+        The file sits in the try's own sandbox, so the try can rewrite it: a forged request id
+        must not hide the real claimant from the fence (every claimant is listed and fenced, the
+        forger only fences itself), and a body that is not JSON we can decode (a 4 KiB ``[[[``
+        raises RecursionError) is skipped, not raised into the orphan sweep or the fence."""
         mine = {sid for sid in list(self._launched.values()) if sid}
-        found: dict[str, tuple[str, dict[str, str]]] = {}
+        found: dict[str, list[tuple[str, dict[str, str]]]] = {}
         for sb in listing:
             meta = sb.metadata or {}
             if STANDBY_LABEL not in meta or meta.get("job_engine") != ENGINE or sb.id in mine:
                 continue
             try:
-                res = sb.exec(f"head -c {REQUEST_FILE_LIMIT} {REQUEST_PATH} 2>/dev/null", timeout_seconds=30)
+                res = sb.exec(REQUEST_READ, timeout_seconds=30)
                 body = json.loads((res.stdout or "")[:REQUEST_FILE_LIMIT] or "null")
-            except (pandastack.PandastackError, ValueError):
+            except (pandastack.PandastackError, ValueError, RecursionError):
                 continue  # gone, or not a try's file: the standby's TTL is its backstop
             if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
                 continue
             labels = body.get("labels")
             labels = labels if isinstance(labels, dict) else {}
-            found[body["request_id"]] = (sb.id, {k: str(labels.get(k, "")) for k in LABEL_KEYS})
+            claim = (sb.id, {k: str(labels.get(k, "")) for k in LABEL_KEYS})
+            found.setdefault(body["request_id"], []).append(claim)
         return found
 
     async def list_requests(self) -> dict[str, dict[str, str]]:
@@ -360,7 +373,7 @@ class PandaStackDriver(SandboxDriver):
             by_id = {self._launched[request_id]} - {None}  # the standby it took, if any
         else:  # launched by a scheduler before this one: it may run in a taken standby
             tries = self._standby_tries(client, client.sandboxes.list())
-            by_id = {tries[request_id][0]} if request_id in tries else set()
+            by_id = {sandbox_id for sandbox_id, _ in tries.get(request_id, [])}
         for sandbox_id in sorted(str(s) for s in by_id):
             if delete_sandbox(client, sandbox_id, raise_errors=True) and sandbox_id not in deleted:
                 deleted.append(sandbox_id)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider.executors.driver import REQUEST_LABEL, PandaStackDriver
+from airflow_provider.executors.driver import ENGINE, REQUEST_LABEL, REQUEST_PATH, PandaStackDriver
 from airflow_provider.executors.models import SandboxHandle, SandboxLaunchRequest, SandboxState
-from pandastack_jobs import ConnectionConfig, WarmStart
+from pandastack_jobs import ConnectionConfig, WarmStart, guest
 from pandastack_jobs.warm_start import PID_PATH, STANDBY_LABEL, WARM_DIR
 
 PROBE = """
@@ -140,3 +140,21 @@ def test_close_deletes_the_untaken_standbys(driver: PandaStackDriver, local_serv
     asyncio.run(driver.close())
     left = [sb.id for sb in local_server.client().sandboxes.list() if STANDBY_LABEL in (sb.metadata or {})]
     assert left == []
+
+
+@pytest.mark.timeout(300)
+def test_a_fifo_in_place_of_a_request_file_does_not_stall_the_sweep(local_server: Any) -> None:
+    """A try owns its standby and may put a FIFO where its request file was: the host's bounded
+    read must not block on it (``head`` did, until the 30 s client timeout, per such standby)."""
+    client = local_server.client()
+    meta = {STANDBY_LABEL: "k", "job_engine": str(ENGINE)}
+    hostile = client.sandboxes.create(template="base", ttl_seconds=120, metadata=meta)
+    try:
+        made = hostile.exec(f"mkdir -p {guest.DETACHED_DIR} && mkfifo {REQUEST_PATH}", timeout_seconds=30)
+        assert made.exit_code == 0, made.stderr
+        restarted = PandaStackDriver(ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key))
+        started = time.monotonic()
+        assert asyncio.run(restarted.list_requests()) == {}
+        assert time.monotonic() - started < 10
+    finally:
+        hostile.kill()

@@ -65,7 +65,7 @@ def fake() -> FakeClient:
 @pytest.fixture
 def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDriver:
     monkeypatch.setattr(ConnectionConfig, "client", lambda self: fake)
-    # What the sandbox answers when a driver reads a standby's request file (bounded by head -c).
+    # What the sandbox answers when a driver reads a standby's request file (bounded by dd).
     fake.script(
         lambda command: REQUEST_PATH in command,
         action=lambda sb, call: Script(stdout=sb.files.get(REQUEST_PATH, b"").decode()),
@@ -214,3 +214,34 @@ def test_the_executor_reads_warm_pool_size_and_warms_the_sections_runtime_env(
     assert warm.template == executor.launch_config.template
     assert warm.env == executor.runtime_env({"TENANT": "acme"})
     assert warm.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://api.invalid/execution/"
+
+
+def test_a_json_bomb_in_one_tries_request_file_does_not_blind_the_sweep_or_the_fence(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    """A try owns its standby, so it can rewrite its request file: 4096 ``[`` (within the
+    read bound) makes ``json.loads`` raise RecursionError, which must not escape."""
+    pool = warm_driver(driver, fake, size=2)
+    honest, hostile = request(), request()
+    honest_id = launch(driver, honest)["sandbox_id"]
+    hostile_id = launch(driver, hostile)["sandbox_id"]
+    fake.sandbox(hostile_id).files[REQUEST_PATH] = b"[" * 4096
+    restarted = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
+    assert asyncio.run(restarted.list_requests()) == {honest.request_id: LABELS}
+    asyncio.run(restarted.fence(honest.request_id))
+    assert honest_id not in fake.live() and hostile_id in fake.live() and pool.taken == 2
+
+
+def test_a_try_claiming_another_tries_request_id_cannot_hide_that_try_from_the_fence(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    """A hostile try writes the victim's request id into its own request file: a scheduler that
+    never saw the launches must still fence the victim's standby (every claimant is fenced)."""
+    warm_driver(driver, fake, size=2)
+    victim, hostile = request(), request()
+    victim_id = launch(driver, victim)["sandbox_id"]
+    hostile_id = launch(driver, hostile)["sandbox_id"]
+    forged = json.dumps({"request_id": victim.request_id, "labels": LABELS}).encode()
+    fake.sandbox(hostile_id).files[REQUEST_PATH] = forged
+    asyncio.run(PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY)).fence(victim.request_id))
+    assert victim_id not in fake.live()
