@@ -49,6 +49,12 @@ def input_path(workdir: str = WORKDIR) -> str:
     return INPUT_PATH if workdir == WORKDIR else f"{workdir}/input.json"
 
 
+def env_assignments(env: Mapping[str, str]) -> str:
+    """``env`` as the shell's own prefix assignments (``K='v' ...``), quoted; names are checked by
+    :class:`~.spec.JobSpec`. One process start fewer than ``env K=v ...``."""
+    return "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+
+
 def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
     """``command`` under the guest-side hard timeout, in the work directory; its exit code in ``$rc``.
 
@@ -65,7 +71,7 @@ def timed_command(command: str, timeout: float, env: Mapping[str, str]) -> str:
     polls the group for up to the grace and KILLs what is left: nothing is waited for
     when nothing survived the TERM.
     """
-    assigns = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    assigns = env_assignments(env)
     polls = KILL_GRACE_SECONDS * 10
     return (
         f"{assigns}timeout -s TERM -k {KILL_GRACE_SECONDS} {_seconds(timeout)} "

@@ -154,7 +154,7 @@ def launch_command(warm: WarmStart, idle_seconds: int) -> str:
         f"{shlex.join(argv)}; rc=$?; [ -e {STATE_PATH} ] || "
         f"{{ printf {fail} $rc > {STATE_PATH}.tmp && mv {STATE_PATH}.tmp {STATE_PATH}; }}"
     )
-    assigns = "".join(f"{k}={shlex.quote(v)} " for k, v in warm.env.items())
+    assigns = guest.env_assignments(warm.env)
     return guest.background_command(
         inner, directory=WARM_DIR, env_prefix=assigns, stdout=LOG_PATH, stderr=LOG_PATH
     )
