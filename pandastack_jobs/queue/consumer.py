@@ -221,6 +221,9 @@ class Consumer:
         self.chunk_key = chunk_key
         self.chunk_keyless = chunk_keyless
         self.stats = Stats()
+        self.ready = threading.Event()
+        """Set once the broker is connected and the loop pulls (a readiness probe, or a test that
+        must know two consumers compete before it sends)."""
         self._stop = threading.Event()
         self._stop_at: float | None = None
         self._done: queue_mod.Queue[_Work] = queue_mod.Queue()
@@ -249,6 +252,7 @@ class Consumer:
         next_extend = time.monotonic()
         try:
             self.transport.connect()  # an unreachable broker at the start is an error, not a wait
+            self.ready.set()
             while True:
                 if until is not None and not self._stop.is_set() and until(self.stats):
                     self.stop()

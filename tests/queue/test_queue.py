@@ -164,13 +164,18 @@ def test_concurrency_cap(broker: Broker, queue: str, start_consumer: Any, local_
 def test_two_consumers_share_the_work_each_message_once(
     broker: Broker, queue: str, start_consumer: Any
 ) -> None:
-    t = broker.transport(queue)
-    for i in range(8):
-        t.send(message(echo_job(0.5), id=f"s{i:02d}"))
+    """Two consumers on one queue: each message is run once, and both take a share. The messages are
+    sent once both pull: a consumer that connects late (a loaded host) would otherwise find the
+    first one done with all eight, which says nothing about sharing."""
     total = lambda _s: sum(r.consumer.stats.acked for r in runs) >= 8  # noqa: E731
     runs: list[Any] = []
     runs.append(start_consumer(until=total, concurrency=2))
     runs.append(start_consumer(until=total, concurrency=2))
+    for r in runs:
+        assert r.consumer.ready.wait(30), "a consumer did not connect to the broker in 30 s"
+    t = broker.transport(queue)
+    for i in range(8):
+        t.send(message(echo_job(0.5), id=f"s{i:02d}"))
     stats = [r.join(90) for r in runs]
     results = broker.results(queue)
     assert _ids([r["result"] for r in results]) == [f"s{i:02d}" for i in range(8)]  # each once
