@@ -16,6 +16,10 @@ scheduler that never saw the launch (a restart, another scheduler) still finds i
 that file (``fence`` of an unknown request, ``list_requests``). What a task writes there can
 only point a fence or the orphan sweep at its own sandbox.
 
+Reading that file is activity, which resets a waiting standby's idle TTL: so standbys also carry
+their owner (this driver's instance, and what the executor adds: its scheduler job), and the sweep
+reads only the standbys of owners its owner check calls gone, deleting their idle ones.
+
 The lifecycle pieces are the core's (``pandastack_jobs``): a detached job (create with
 TTL and metadata, launch in the background, poll one exit marker), failure
 classification with the capacity ``Retry-After``, idempotent delete and the
@@ -29,7 +33,8 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import pandastack
@@ -69,7 +74,15 @@ from .models import (
 )
 from .warm import PoolFactory, WarmPools
 
-__all__ = ["REQUEST_LABEL", "PandaStackDriver", "SandboxDriver", "SandboxDriverFactory", "SandboxLaunchError"]
+__all__ = [
+    "OWNER_INSTANCE",
+    "REQUEST_LABEL",
+    "OwnerCheck",
+    "PandaStackDriver",
+    "SandboxDriver",
+    "SandboxDriverFactory",
+    "SandboxLaunchError",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +109,33 @@ REQUEST_READ = (
     f"dd if={REQUEST_PATH} bs={REQUEST_FILE_LIMIT} count={REQUEST_FILE_LIMIT} "
     "iflag=count_bytes,nonblock status=none 2>/dev/null"
 )
+# Standby metadata: the driver that made it (it never reads its own: its pool knows them).
+OWNER_INSTANCE = "airflow_executor_instance"
+OwnerCheck = Callable[[Sequence[Mapping[str, str]]], Sequence[bool | None]]
+"""For each standby's metadata: is its owner alive (True), gone (False) or unknown (None)?"""
+
+
+def _read_request(sb: Any) -> str | None:
+    """A standby's request file, bounded and non-blocking: "" when it has none (idle), None when
+    the sandbox could not be asked."""
+    try:
+        res = sb.exec(REQUEST_READ, timeout_seconds=30)
+    except pandastack.PandastackError:
+        return None  # gone, or not answering: the standby's TTL is its backstop
+    return (res.stdout or "")[:REQUEST_FILE_LIMIT]
+
+
+def _claim(text: str | None) -> tuple[str, dict[str, str]] | None:
+    """The (request id, labels) a request file names; None when it is not a try's file we can decode."""
+    try:
+        body = json.loads(text or "null")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
+        return None
+    labels = body.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
+    return body["request_id"], {k: str(labels.get(k, "")) for k in LABEL_KEYS}
 
 
 class SandboxLaunchError(PandaStackAirflowError, RuntimeError):
@@ -106,32 +146,46 @@ class PandaStackDriver(SandboxDriver):
     """Runs each task try as a detached job of the core in its own PandaStack sandbox.
 
     The API key stays in this process: the sandbox gets the request's argv and env only.
+    ``owners_alive`` tells the sweep whose standbys it may read and delete (without one, none).
     """
 
     driver_id: ClassVar[str] = "pandastack"
 
-    def __init__(self, connection: ConnectionConfig, *, redactor: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        connection: ConnectionConfig,
+        *,
+        redactor: Redactor | None = None,
+        owners_alive: OwnerCheck | None = None,
+    ) -> None:
         self._connection = connection
         self._redact = redactor or Redactor()
         self._redact.add(connection.api_key)
+        self.owners_alive = owners_alive
+        self.instance = uuid.uuid4().hex
         self._warm: WarmPools | None = None
         # request id -> the standby its launch took (None: none, or not yet), for fence and
         # terminate; a cold try leaves once launched (its metadata carries the request id).
         self._launched: dict[str, str | None] = {}
 
     def open_standbys(
-        self, warms: Sequence[WarmStart], size: int, *, pool_factory: PoolFactory | None = None
+        self,
+        warms: Sequence[WarmStart],
+        size: int,
+        *,
+        owner: Mapping[str, str] | None = None,
+        pool_factory: PoolFactory | None = None,
     ) -> list[str]:
         """Start one standby pool per warm key (``size`` ready standbys each); their keys.
 
+        ``owner``: metadata by which other schedulers' owner check tells whether this one lives.
         Called by the executor's ``start``, never for the short-lived drivers of a log read.
         """
         if size <= 0 or self._warm is not None:
             return [] if self._warm is None else self._warm.keys
         extra = {} if pool_factory is None else {"pool_factory": pool_factory}
-        pools = WarmPools(
-            self._client, warms, size, metadata={"job_engine": ENGINE}, redactor=self._redact, **extra
-        )
+        metadata = {**(owner or {}), "job_engine": ENGINE, OWNER_INSTANCE: self.instance}
+        pools = WarmPools(self._client, warms, size, metadata=metadata, redactor=self._redact, **extra)
         pools.start()
         self._warm = pools
         return pools.keys
@@ -316,40 +370,63 @@ class PandaStackDriver(SandboxDriver):
         return found
 
     def _standby_tries(
-        self, client: pandastack.Client, listing: Any
+        self, client: pandastack.Client, listing: Any, *, every_owner: bool = False
     ) -> dict[str, list[tuple[str, dict[str, str]]]]:
-        """Taken standbys this driver did not launch: request id -> every (sandbox id, the try's
-        labels) whose file names it, read (bounded) from the file the launching driver wrote; idle
-        standbys have none.
+        """Taken standbys of other drivers: request id -> every (sandbox id, the try's labels)
+        whose request file names it, read (bounded) from the file the launching driver wrote.
+
+        A read resets the standby's idle TTL, so the sweep reads only a gone owner's standbys, and
+        deletes the idle ones (no file: no try started there); a live owner's tries are its own, an
+        unknown owner's standbys are left to their TTL. A fence (``every_owner``) reads every other
+        owner's: it must find each claimant of its request. This driver's own are never read.
 
         The file sits in the try's own sandbox, so the try can rewrite it: a forged request id
         must not hide the real claimant from the fence (every claimant is listed and fenced, the
         forger only fences itself), and a body that is not JSON we can decode (a 4 KiB ``[[[``
         raises RecursionError) is skipped, not raised into the orphan sweep or the fence."""
-        mine = {sid for sid in list(self._launched.values()) if sid}
+        standbys = [sb for sb in listing if self._others_standby(sb.metadata or {})]
         found: dict[str, list[tuple[str, dict[str, str]]]] = {}
-        for sb in listing:
-            meta = sb.metadata or {}
-            if STANDBY_LABEL not in meta or meta.get("job_engine") != ENGINE or sb.id in mine:
+        idle: list[str] = []
+        for sb, alive in zip(standbys, self._owners(standbys), strict=True):
+            if alive is not False and not every_owner:
                 continue
-            try:
-                res = sb.exec(REQUEST_READ, timeout_seconds=30)
-                body = json.loads((res.stdout or "")[:REQUEST_FILE_LIMIT] or "null")
-            except (pandastack.PandastackError, ValueError, RecursionError):
-                continue  # gone, or not a try's file: the standby's TTL is its backstop
-            if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
-                continue
-            labels = body.get("labels")
-            labels = labels if isinstance(labels, dict) else {}
-            claim = (sb.id, {k: str(labels.get(k, "")) for k in LABEL_KEYS})
-            found.setdefault(body["request_id"], []).append(claim)
+            text = _read_request(sb)
+            if text == "" and alive is False:
+                idle.append(sb.id)
+            claim = _claim(text)
+            if claim is not None:
+                found.setdefault(claim[0], []).append((sb.id, claim[1]))
+        deleted = [sandbox_id for sandbox_id in idle if delete_sandbox(client, sandbox_id)]
+        if deleted:
+            logger.info("deleted %d idle standby(s) of gone scheduler(s): %s", len(deleted), deleted)
         return found
+
+    def _others_standby(self, meta: Mapping[str, Any]) -> bool:
+        """A standby of this engine that another driver made (what this one made, waiting or
+        taken by its tries, its pool and ``_launched`` know)."""
+        return (
+            STANDBY_LABEL in meta
+            and meta.get("job_engine") == ENGINE
+            and meta.get(OWNER_INSTANCE) != self.instance
+        )
+
+    def _owners(self, standbys: Sequence[Any]) -> list[bool | None]:
+        """``owners_alive`` of each standby; all unknown without a check, or when it fails."""
+        if self.owners_alive is None or not standbys:
+            return [None] * len(standbys)
+        try:
+            alive = list(self.owners_alive([dict(sb.metadata or {}) for sb in standbys]))
+        except Exception:  # the DB down: no standby deleted, none read by the sweep
+            logger.warning("could not tell whether the standbys' owners live", exc_info=True)
+            return [None] * len(standbys)
+        return alive if len(alive) == len(standbys) else [None] * len(standbys)
 
     async def list_requests(self) -> dict[str, dict[str, str]]:
         """The live sandboxes this executor made, by request id: the try's labels (dag_id, task_id,
         run_id, map_index, try_number, as the core's job key put them on the metadata).
 
-        PandaStack-specific (``common.sandbox`` has no listing): the orphan sweep's input.
+        PandaStack-specific (``common.sandbox`` has no listing): the orphan sweep's input. On the
+        way it deletes the idle standbys of schedulers ``owners_alive`` calls gone.
         """
         return await asyncio.to_thread(self._list_requests)
 
@@ -372,7 +449,7 @@ class PandaStackDriver(SandboxDriver):
         if request_id in self._launched:
             by_id = {self._launched[request_id]} - {None}  # the standby it took, if any
         else:  # launched by a scheduler before this one: it may run in a taken standby
-            tries = self._standby_tries(client, client.sandboxes.list())
+            tries = self._standby_tries(client, client.sandboxes.list(), every_owner=True)
             by_id = {sandbox_id for sandbox_id, _ in tries.get(request_id, [])}
         for sandbox_id in sorted(str(s) for s in by_id):
             if delete_sandbox(client, sandbox_id, raise_errors=True) and sandbox_id not in deleted:

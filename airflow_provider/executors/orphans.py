@@ -8,12 +8,17 @@ extension: ``common.sandbox`` has no listing), looks their tries up in the metad
 for a try that ended more than ``ORPHAN_GRACE_SECONDS`` ago, copies the task log out and
 fences its request id. A try the DB does not know as ours (another deployment sharing the
 account) is left alone: the TTL is its backstop.
+
+Standbys (warm starts) name the scheduler job their executor runs in (:func:`scheduler_owner`):
+the driver's sweep asks :func:`owners_alive` which owners are gone, reads only their standbys
+(finding their tries) and deletes their idle ones, which would otherwise never reach their idle
+TTL (a read is activity).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -25,6 +30,14 @@ from .task_logs import TaskLogRelay
 # The sweep leaves a finished try's sandbox this long to the executor that owns it
 # (another scheduler of an HA pair deletes it within a poll or two of the end).
 ORPHAN_GRACE_SECONDS = 60.0
+
+# A standby's metadata: the scheduler job its executor runs in, and when that job started (the
+# start tells this DB's job from another deployment's job with the same id).
+OWNER_JOB = "airflow_scheduler_job"
+OWNER_STARTED = "airflow_scheduler_started"
+# A running scheduler job is gone only once it has been silent this long too (whatever Airflow's
+# health threshold): a loaded scheduler's heartbeat lags, and a gone owner's idle standbys are deleted.
+OWNER_SILENCE_SECONDS = 60.0
 
 Submit = Callable[[Coroutine[Any, Any, Any]], "Future[Any]"]
 Listing = dict[str, dict[str, str]]
@@ -73,6 +86,50 @@ def ended_tries(
             if external == found or (ref is not None and ref.request_id == found):
                 ended[found] = ref
     return ended
+
+
+def scheduler_owner(job_id: int | str | None) -> dict[str, str]:
+    """The standby metadata naming scheduler job ``job_id`` (its id and start); {} without a job."""
+    if job_id is None:
+        return {}
+    from airflow.jobs.job import Job
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        started = session.scalar(select(Job.start_date).where(Job.id == int(job_id)))
+    return {} if started is None else {OWNER_JOB: str(job_id), OWNER_STARTED: started.isoformat()}
+
+
+def owners_alive(metadata: Sequence[Mapping[str, str]]) -> list[bool | None]:
+    """For each standby's metadata: is its scheduler job alive (True), gone (False: ended, or
+    silent past Airflow's health threshold and :data:`OWNER_SILENCE_SECONDS`), or unknown here
+    (None: no owner named, or no job of that id and start in this DB)?"""
+    from airflow.jobs.job import Job, JobState
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    owners = [_owner(meta) for meta in metadata]
+    ids = {job_id for job_id, _ in filter(None, owners)}
+    state: dict[tuple[int, str], bool] = {}
+    if ids:
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=OWNER_SILENCE_SECONDS)
+        with create_session() as session:
+            for job in session.scalars(select(Job).where(Job.id.in_(sorted(ids)))):
+                silent = job.latest_heartbeat is None or job.latest_heartbeat < cutoff
+                gone = not job.is_alive() and (job.state != JobState.RUNNING or silent)
+                if job.start_date is not None:
+                    state[(job.id, job.start_date.isoformat())] = not gone
+    return [None if owner is None else state.get(owner) for owner in owners]
+
+
+def _owner(meta: Mapping[str, str]) -> tuple[int, str] | None:
+    job_id, started = meta.get(OWNER_JOB), meta.get(OWNER_STARTED)
+    if not isinstance(job_id, str) or not isinstance(started, str) or not job_id.isascii():
+        return None  # none named (made before owners were), or not ours to parse: unknown
+    if not job_id.isdigit() or len(job_id) > 18:  # a DB's integer id
+        return None
+    return int(job_id), started
 
 
 class OrphanSweep:

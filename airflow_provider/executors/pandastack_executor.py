@@ -33,7 +33,7 @@ from .engine import WORKLOAD_MODULE, SandboxExecutorEngine
 from .hints import failure_hint
 from .launch import PandaStackLaunchConfig
 from .models import SandboxExecutionRef, SandboxLaunchConfig, SandboxOutput, SandboxResult, SandboxState
-from .orphans import OrphanSweep
+from .orphans import OrphanSweep, owners_alive, scheduler_owner
 from .task_logs import GUEST_LOG_FOLDER, TaskLogRelay, failure_lines
 from .warm import pool_size
 
@@ -91,10 +91,18 @@ class PandaStackExecutor(SandboxExecutorEngine):
         self.warm_pool_size = pool_size(get, section)
 
     def start(self) -> None:
-        """Start the engine, then the standby pool when ``warm_pool_size`` asks for one."""
+        """Start the engine, then the standby pool when ``warm_pool_size`` asks for one.
+
+        The standbys name this scheduler's job (set before ``start``): once it is gone, another
+        scheduler's sweep deletes its idle standbys."""
         super().start()
         if self.warm_pool_size and isinstance(self.driver, PandaStackDriver):
-            keys = self.driver.open_standbys([self.warm_start()], self.warm_pool_size)
+            try:
+                owner = scheduler_owner(self.job_id)
+            except Exception:  # unnamed standbys: other sweeps leave them to their idle TTL
+                self.log.warning("%s: could not read this scheduler's job", self.label, exc_info=True)
+                owner = {}
+            keys = self.driver.open_standbys([self.warm_start()], self.warm_pool_size, owner=owner)
             self.log.info("%s: keeping %d standby(s) warm (key %s)", self.label, self.warm_pool_size, keys)
 
     def warm_start(self) -> WarmStart:
@@ -125,7 +133,7 @@ class PandaStackExecutor(SandboxExecutorEngine):
                 raise
             conn = None
         config = config_from_connection(conn)  # type: ignore[arg-type]
-        return PandaStackDriver(config, redactor=Redactor([config.api_key]))
+        return PandaStackDriver(config, redactor=Redactor([config.api_key]), owners_alive=owners_alive)
 
     def missing_request_id(self, ti: Any) -> str:
         return (

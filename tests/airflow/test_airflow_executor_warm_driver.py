@@ -5,16 +5,23 @@ driver launches tries into them.
 The try is a small module (``warmprobe``, shipped with the standbys) that prints its parent's
 command line: under the runner the parent is ``warm_runner.py``; cold it is the job's shell. A
 killed runner and a deleted standby must each still give a successful try, cold.
+
+The sweep of another scheduler reads (an exec: activity, which resets the idle TTL) and deletes
+only a gone owner's standbys; a live owner's idle standby's TTL runs on untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import shlex
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pandastack
 import pytest
 
 from airflow_provider.executors.driver import ENGINE, REQUEST_LABEL, REQUEST_PATH, PandaStackDriver
@@ -30,6 +37,7 @@ print("TENANT=" + os.environ.get("TENANT", ""))
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
 ENV = {"PYTHONPATH": WARM_DIR}  # a cold run finds the probe too
+LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"}
 
 
 def warm_start() -> WarmStart:
@@ -142,19 +150,60 @@ def test_close_deletes_the_untaken_standbys(driver: PandaStackDriver, local_serv
     assert left == []
 
 
+def owned_standby(client: Any, owner: str) -> Any:
+    """A standby as another scheduler's pool made it (no runner: the sweep reads only its file)."""
+    meta = {STANDBY_LABEL: "k", "job_engine": str(ENGINE), "owner": owner}
+    return client.sandboxes.create(template="base", ttl_seconds=120, metadata=meta)
+
+
+def sweeper(local_server: Any) -> PandaStackDriver:
+    """Another scheduler's driver whose owner check calls owner "gone" gone and "live" alive."""
+
+    def owners_alive(metadata: Any) -> list[bool | None]:
+        return [{"gone": False, "live": True}.get(meta.get("owner")) for meta in metadata]
+
+    config = ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key)
+    return PandaStackDriver(config, owners_alive=owners_alive)
+
+
 @pytest.mark.timeout(300)
 def test_a_fifo_in_place_of_a_request_file_does_not_stall_the_sweep(local_server: Any) -> None:
     """A try owns its standby and may put a FIFO where its request file was: the host's bounded
     read must not block on it (``head`` did, until the 30 s client timeout, per such standby)."""
     client = local_server.client()
-    meta = {STANDBY_LABEL: "k", "job_engine": str(ENGINE)}
-    hostile = client.sandboxes.create(template="base", ttl_seconds=120, metadata=meta)
+    hostile = owned_standby(client, "gone")  # the sweep reads only a gone owner's standbys
     try:
         made = hostile.exec(f"mkdir -p {guest.DETACHED_DIR} && mkfifo {REQUEST_PATH}", timeout_seconds=30)
         assert made.exit_code == 0, made.stderr
-        restarted = PandaStackDriver(ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key))
         started = time.monotonic()
-        assert asyncio.run(restarted.list_requests()) == {}
+        assert asyncio.run(sweeper(local_server).list_requests()) == {}
         assert time.monotonic() - started < 10
     finally:
-        hostile.kill()
+        with contextlib.suppress(pandastack.NotFoundError):
+            hostile.kill()
+
+
+@pytest.mark.timeout(300)
+def test_the_sweep_deletes_a_gone_schedulers_idle_standby_and_never_touches_a_live_ones(
+    local_server: Any,
+) -> None:
+    """A killed scheduler's idle standby goes (it never reaches its idle TTL while a sweep reads
+    it), its taken one is still found as a try, and a live scheduler's idle standby is not even
+    read: its idle time runs on."""
+    client = local_server.client()
+    gone_idle, gone_taken, live_idle = (owned_standby(client, o) for o in ("gone", "gone", "live"))
+    try:
+        body = shlex.quote(json.dumps({"request_id": "r-1", "labels": LABELS}))
+        wrote = gone_taken.exec(
+            f"mkdir -p {guest.DETACHED_DIR} && printf %s {body} > {REQUEST_PATH}", timeout_seconds=30
+        )
+        assert wrote.exit_code == 0, wrote.stderr
+        time.sleep(2.5)
+        assert asyncio.run(sweeper(local_server).list_requests()) == {"r-1": LABELS}
+        left = {sb.id for sb in client.sandboxes.list()}
+        assert gone_idle.id not in left and {gone_taken.id, live_idle.id} <= left
+        assert live_idle.lifecycle()["idle_seconds"] >= 2  # no request reached it
+    finally:
+        for sb in (gone_idle, gone_taken, live_idle):
+            with contextlib.suppress(pandastack.NotFoundError):
+                sb.kill()

@@ -5,6 +5,11 @@ What must hold: a fitting try takes a ready standby and is fenced by that standb
 metadata cannot name the try); a scheduler that never saw the launch still finds and fences it
 (the request file); idle standbys are never taken for tries; anything that does not fit, or no
 ready standby, goes cold exactly as without pools; ``warm_pool_size`` is validated.
+
+The sweep reads a request file only where its owner is gone (an exec resets the standby's idle
+TTL): never its own waiting standbys, never a live or unknown owner's; a gone owner's idle
+standby is deleted. The owner check is opaque to the driver (here: the ``owner`` label; the
+executor's reads Airflow's scheduler jobs, tests/unit/airflow/test_executor_standby_owners.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ MODULE = "airflow.sdk.execution_time.execute_workload"
 ENV = {"AIRFLOW__CORE__DAGS_FOLDER": "/dags", "AIRFLOW_HOME": "/work/airflow"}
 WARM = WarmStart(template="airflow-worker", python="/venv/bin/python", modules=(MODULE,), env=ENV)
 LABELS = {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": "-1", "try_number": "1"}
+OWNER_A = {"owner": "A"}  # what the executor puts on its standbys, opaque to the driver
 
 
 class ScriptedPool:
@@ -73,15 +79,33 @@ def driver(fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> PandaStackDrive
     return PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
 
 
-def warm_driver(driver: PandaStackDriver, fake: FakeClient, size: int = 1) -> ScriptedPool:
+def warm_driver(
+    driver: PandaStackDriver, fake: FakeClient, size: int = 1, owner: dict[str, str] | None = None
+) -> ScriptedPool:
     pools: list[ScriptedPool] = []
 
     def factory(client_factory: Any, warm: WarmStart, *, size: int, metadata: Any, **kwargs: Any) -> Any:
         pools.append(ScriptedPool(fake, warm, size, metadata))
         return pools[-1]
 
-    assert driver.open_standbys([WARM], size, pool_factory=factory) == [WARM.key()]
+    extra = {} if owner is None else {"owner": owner}
+    assert driver.open_standbys([WARM], size, pool_factory=factory, **extra) == [WARM.key()]
     return pools[0]
+
+
+def other_scheduler(*, gone: tuple[str, ...] = (), live: tuple[str, ...] = ()) -> PandaStackDriver:
+    """The driver of another (or a restarted) scheduler: its owner check calls the owners named
+    in ``gone`` gone and in ``live`` alive; any other owner (or none) is unknown."""
+
+    def owners_alive(metadata: Any) -> list[bool | None]:
+        owners = [meta.get("owner") for meta in metadata]
+        return [False if o in gone else True if o in live else None for o in owners]
+
+    return PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY), owners_alive=owners_alive)
+
+
+def execs_into(fake: FakeClient, sandbox_ids: Any, since: int = 0) -> list[str]:
+    return [call.sandbox_id for call in fake.execs[since:] if call.sandbox_id in set(sandbox_ids)]
 
 
 def request(
@@ -145,15 +169,75 @@ def test_a_fitting_try_runs_in_a_standby_and_is_fenced_by_its_id(
 def test_a_scheduler_that_never_saw_the_launch_finds_and_fences_the_standby_try(
     driver: PandaStackDriver, fake: FakeClient
 ) -> None:
-    pool = warm_driver(driver, fake, size=2)
+    pool = warm_driver(driver, fake, size=2, owner=OWNER_A)
     idle = pool.ready[1]
     req = request()
     standby_id = launch(driver, req)["sandbox_id"]
-    restarted = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
-    assert asyncio.run(restarted.list_requests()) == {req.request_id: LABELS}  # the orphan sweep sees it
     assert asyncio.run(driver.list_requests()) == {}  # its own launcher knows it (no file read)
-    asyncio.run(restarted.fence(req.request_id))
+    fenced = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))  # no owner check: the fence reads all
+    asyncio.run(fenced.fence(req.request_id))
     assert standby_id not in fake.live() and idle in fake.live()
+
+
+def test_a_sweep_never_execs_into_its_own_waiting_standbys(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    """Its pool knows they are idle, and each exec would be activity resetting their idle TTL."""
+    pool = warm_driver(driver, fake, size=3, owner=OWNER_A)
+    launch(driver, request())
+    waiting, before = list(pool.ready), len(fake.execs)
+    assert asyncio.run(driver.list_requests()) == {}
+    asyncio.run(driver.fence(str(uuid.uuid4())))  # a request it never launched: read the others' only
+    assert execs_into(fake, waiting, before) == [] and set(waiting) <= set(fake.live())
+
+
+def test_a_gone_schedulers_idle_standby_is_deleted_and_its_taken_one_still_found(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    """A killed scheduler's idle standbys would otherwise live on (every read is activity), and
+    its tries in taken standbys must still reach the orphan sweep and the fence."""
+    pool = warm_driver(driver, fake, size=2, owner=OWNER_A)
+    idle = pool.ready[1]
+    req = request()
+    taken = launch(driver, req)["sandbox_id"]
+    restarted = other_scheduler(gone=("A",))
+    assert asyncio.run(restarted.list_requests()) == {req.request_id: LABELS}
+    assert idle not in fake.live() and taken in fake.live()
+    asyncio.run(restarted.fence(req.request_id))
+    assert taken not in fake.live()
+
+
+def test_a_live_or_unknown_owners_standbys_are_neither_read_nor_deleted_by_the_sweep(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    """A live owner's standbys are its pool's and its tries its own; an unknown owner's (no owner
+    on the metadata: made before owners were named, or a job this DB does not know) are left to
+    their idle TTL, which a read would reset. A fence still reads them all: it must find every
+    claimant of its request, whoever made the standby."""
+    pool = warm_driver(driver, fake, size=2, owner=OWNER_A)
+    req = request()
+    taken = launch(driver, req)["sandbox_id"]
+    legacy = fake.add_sandbox(metadata={STANDBY_LABEL: WARM.key(), "job_engine": "airflow-executor"})
+    stranger = fake.add_sandbox(metadata={STANDBY_LABEL: "k", "job_engine": "airflow-executor", "owner": "Z"})
+    everyone = [*pool.ready, taken, legacy.id, stranger.id]
+    other, before = other_scheduler(live=("A",)), len(fake.execs)
+    assert asyncio.run(other.list_requests()) == {}
+    assert execs_into(fake, everyone, before) == [] and sorted(fake.live()) == sorted(everyone)
+    asyncio.run(other.fence(req.request_id))
+    assert sorted(fake.live()) == sorted([*pool.ready, legacy.id, stranger.id])
+
+
+def test_an_owner_check_that_fails_leaves_every_standby_alone(
+    driver: PandaStackDriver, fake: FakeClient
+) -> None:
+    pool = warm_driver(driver, fake, size=1, owner=OWNER_A)
+
+    def broken(metadata: Any) -> list[bool | None]:
+        raise RuntimeError("the metadata DB is down")
+
+    other, before = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY), owners_alive=broken), len(fake.execs)
+    assert asyncio.run(other.list_requests()) == {}
+    assert execs_into(fake, pool.ready, before) == [] and pool.ready[0] in fake.live()
 
 
 def test_a_try_that_does_not_fit_goes_cold_without_touching_the_pool(
@@ -221,12 +305,12 @@ def test_a_json_bomb_in_one_tries_request_file_does_not_blind_the_sweep_or_the_f
 ) -> None:
     """A try owns its standby, so it can rewrite its request file: 4096 ``[`` (within the
     read bound) makes ``json.loads`` raise RecursionError, which must not escape."""
-    pool = warm_driver(driver, fake, size=2)
+    pool = warm_driver(driver, fake, size=2, owner=OWNER_A)
     honest, hostile = request(), request()
     honest_id = launch(driver, honest)["sandbox_id"]
     hostile_id = launch(driver, hostile)["sandbox_id"]
     fake.sandbox(hostile_id).files[REQUEST_PATH] = b"[" * 4096
-    restarted = PandaStackDriver(ConnectionConfig(api_key=FAKE_KEY))
+    restarted = other_scheduler(gone=("A",))
     assert asyncio.run(restarted.list_requests()) == {honest.request_id: LABELS}
     asyncio.run(restarted.fence(honest.request_id))
     assert honest_id not in fake.live() and hostile_id in fake.live() and pool.taken == 2
