@@ -159,7 +159,17 @@ def execute(
             raise
         finally:
             lines.flush()
+            # Its pooled connection, now: a failed task's traceback keeps this frame (and so the
+            # client) as long as Prefect keeps the state, one idle socket per failed job.
+            close_client(client)
     return finish(request, spec, outcome, redactor, log)
+
+
+def close_client(client: Any) -> None:
+    """Close an SDK client's HTTP session (its pooled sockets); a later request would reopen one."""
+    session = getattr(client, "session", None)
+    if session is not None:
+        session.close()
 
 
 def finish(

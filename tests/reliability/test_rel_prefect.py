@@ -104,8 +104,12 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
             out[name] = failure_of(future)
         return out
 
+    # Each job's SDK client (a requests session in a reference cycle) keeps its pooled socket until
+    # the cyclic GC runs: collected first, so the counts are what the orchestrator still holds.
+    gc.collect()
     usage_before = rss_and_fds()
     state = hostile_flow(return_state=True)
+    gc.collect()
     usage_after = rss_and_fds()
     assert state.is_completed(), state.message
     out = state.result()
@@ -123,7 +127,7 @@ def test_prefect_hostile_subset_fails_alone(rel_server: Any, block: PandaStackSa
     text = logs(flow_run) + artifacts_text(flow_run)
     assert secret_free(text, rel_server.api_key, CANARY_VALUE) == []
     assert FAKE_TOKEN not in text and "token ***" in text
-    assert usage_after[1] <= usage_before[1] + 8, (usage_before, usage_after)
+    assert usage_after[1] <= usage_before[1] + 4, (usage_before, usage_after)
     assert usage_after[0] - usage_before[0] < 200 * 1024, (usage_before, usage_after)
     assert rel_server.client().sandboxes.list() == []
 
