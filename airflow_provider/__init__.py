@@ -1,6 +1,7 @@
-"""The PandaStack provider for Apache Airflow 3.1-3.3 (the executor: 3.3).
+"""The PandaStack provider for Apache Airflow 3.1 and newer (tested on 3.1-3.3; the executor: 3.3).
 
-Importing it on an Airflow outside that range fails at once, naming the range (versions.py).
+Importing it below 3.1 fails at once naming the floor; above the newest tested minor it warns once,
+naming the tested range (versions.py).
 """
 
 from __future__ import annotations

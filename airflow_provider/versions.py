@@ -10,9 +10,17 @@ import warnings
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
-SUPPORTED = (3, 1), (3, 4)  # [low, high): the operator, decorator, hook, trigger, warm-fork operators
+FLOOR = (3, 1)  # the operator, decorator, hook, trigger, warm-fork operators
+TESTED = (3, 1), (3, 3)  # the oldest and newest minor the test legs run (README, "Engine versions")
 EXECUTOR_MIN = (3, 3)  # the executor follows common.sandbox and pre-assigned try UUIDs (3.3)
-SUPPORTED_TEXT = "apache-airflow>=3.1,<3.4"
+SUPPORTED_TEXT = "apache-airflow>=3.1"  # the extra's requirement: a floor and no cap, as Airflow's providers
+TESTED_TEXT = "Airflow 3.1 to 3.3"
+
+
+class UntestedAirflowWarning(UserWarning):
+    """This Airflow is newer than any the test legs run: it may work; the warning says what is tested."""
+
+
 # Airflow 3.2 (3.2.2, the last 3.2) works only below these and does not declare them (3.3 declares the
 # first): with today's newer ones its own Execution API fails before any provider code runs
 # (fastapi 0.145+: building its routes; svcs 26.2: in-process requests, dag.test() included).
@@ -37,14 +45,22 @@ def airflow_release() -> tuple[int, int] | None:
 
 
 def check_airflow(found: tuple[int, int] | None = None, installed: Mapping[str, str] | None = None) -> None:
-    """Raise ImportError naming the supported range when this Airflow is outside it; warn when an
-    Airflow 3.2 sits next to a dependency that breaks it (``installed``: ``{name: version}``,
+    """Raise ImportError below the floor (the provider uses 3.1's task SDK); warn once above the
+    newest tested minor (a newer Airflow should not be blocked, only told what is tested); warn when
+    an Airflow 3.2 sits next to a dependency that breaks it (``installed``: ``{name: version}``,
     read from the environment when not given)."""
     found = airflow_release() if found is None else found
-    if found is not None and not SUPPORTED[0] <= found < SUPPORTED[1]:
+    if found is not None and found < FLOOR:
         raise ImportError(
-            f"pandastack-workflows' Airflow provider supports {SUPPORTED_TEXT}; this is Airflow "
-            f"{found[0]}.{found[1]}. Install a supported Airflow (see the README's version table)."
+            f"pandastack-workflows' Airflow provider needs {SUPPORTED_TEXT}; this is Airflow "
+            f"{found[0]}.{found[1]}. Upgrade Airflow (see the README's version table)."
+        )
+    if found is not None and found > TESTED[1]:
+        warnings.warn(
+            f"pandastack-workflows' Airflow provider is tested on {TESTED_TEXT}; this is Airflow "
+            f"{found[0]}.{found[1]}, newer than any tested. It is expected to work; report what does not.",
+            UntestedAirflowWarning,
+            stacklevel=2,
         )
     if found == (3, 2) and (too_new := airflow_32_breakers(installed)):
         warnings.warn(

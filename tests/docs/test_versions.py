@@ -1,5 +1,6 @@
-"""Issue 25, item 8: an unsupported engine fails at import, naming the range, and the ranges are
-the ones pyproject's extras declare (where pip enforces them)."""
+"""Issue 25, item 8 and issue 36: an engine below its floor fails at import naming the floor, one newer
+than the tested minors imports with one warning naming the tested range, and the floors are the ones
+pyproject's extras declare (where pip enforces them), with no cap."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import subprocess
 import sys
 import warnings
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -39,27 +41,45 @@ def test_extras_declare_the_supported_ranges() -> None:
     assert engine == {"airflow": [AIRFLOW_RANGE], "prefect": [PREFECT_RANGE]}
 
 
-# Each engine's check, versions outside its range (the refusal names the range), versions inside.
+# Each engine's check: versions below its floor (the refusal names the floor), versions tested.
 RANGES = [
+    # installed={}: the 3.2 pins warning is its own test below
     (
-        check_airflow,
-        r"apache-airflow>=3\.1,<3\.4",
-        [(3, 0), (2, 11), (3, 4), (4, 0)],
+        partial(check_airflow, installed={}),
+        r"apache-airflow>=3\.1;",
+        [(3, 0), (2, 11)],
         [(3, 1), (3, 2), (3, 3)],
     ),
-    (check_prefect, r"prefect>=3\.6,<3\.10", [(3, 5), (3, 10), (2, 20)], [(3, 6), (3, 8), (3, 9)]),
+    (check_prefect, r"prefect>=3\.6;", [(3, 5), (2, 20)], [(3, 6), (3, 8), (3, 9)]),
 ]
 
 
 @pytest.mark.parametrize(("check", "named", "found"), [(c, n, v) for c, n, out, _ in RANGES for v in out])
-def test_an_engine_outside_its_range_is_refused(check, named, found) -> None:
+def test_an_engine_below_its_floor_is_refused(check, named, found) -> None:
     with pytest.raises(ImportError, match=named):
         check(found)
 
 
 @pytest.mark.parametrize(("check", "found"), [(c, v) for c, _, _, inside in RANGES for v in inside])
-def test_an_engine_in_its_range_passes(check, found) -> None:
-    check(found)
+def test_a_tested_engine_passes_without_a_warning(check, found) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check(found)
+
+
+@pytest.mark.parametrize(
+    ("check", "found", "tested"),
+    [
+        (check_airflow, (3, 4), "Airflow 3.1 to 3.3"),
+        (check_airflow, (4, 0), "Airflow 3.1 to 3.3"),
+        (check_prefect, (3, 10), "Prefect 3.6 to 3.9"),
+    ],
+)
+def test_a_newer_engine_is_let_through_with_the_tested_range(check, found, tested) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check(found)
+    assert [str(w.message).split(";")[0].rsplit(" on ", 1)[1] for w in caught] == [tested]
 
 
 @pytest.mark.parametrize("found", [(3, 1), (3, 2), (3, 3)])
@@ -89,8 +109,8 @@ def test_executor_needs_33() -> None:
 @pytest.mark.parametrize(
     ("dist", "ver", "module", "expected"),
     [
-        ("apache_airflow", "3.0.6", "airflow_provider", "apache-airflow>=3.1,<3.4"),
-        ("prefect", "3.5.2", "prefect_blocks", "prefect>=3.6,<3.10"),
+        ("apache_airflow", "3.0.6", "airflow_provider", "apache-airflow>=3.1"),
+        ("prefect", "3.5.2", "prefect_blocks", "prefect>=3.6"),
     ],
 )
 def test_import_on_an_unsupported_install_fails_at_once(tmp_path: Path, dist, ver, module, expected) -> None:
@@ -103,3 +123,16 @@ def test_import_on_an_unsupported_install_fails_at_once(tmp_path: Path, dist, ve
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError") and expected in last and ver.rsplit(".", 1)[0] in last, last
+
+
+def test_import_on_a_newer_airflow_warns_once_naming_the_tested_range(tmp_path: Path) -> None:
+    # Airflow 3.4.0, as importlib.metadata sees it; the provider's package imports no Airflow itself.
+    info = tmp_path / "apache_airflow-3.4.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apache-airflow\nVersion: 3.4.0\n")
+    code = f"import sys; sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]; import airflow_provider"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "Warning:" in line]
+    assert len(warned) == 1 and "UntestedAirflowWarning" in warned[0], proc.stderr
+    assert "tested on Airflow 3.1 to 3.3; this is Airflow 3.4" in warned[0]
