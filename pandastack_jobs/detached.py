@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandastack
 from pandastack import Sandbox
@@ -24,6 +24,7 @@ from .lifecycle import (
     JobHandle,
     JobRun,
     OutputCallback,
+    StandbySandbox,
     _is_regular,
     reap_before,
     standby_steps,
@@ -31,9 +32,6 @@ from .lifecycle import (
 from .outcome import FailureKind, JobOutcome
 from .redact import Redactor
 from .spec import JobSpec
-
-if TYPE_CHECKING:
-    from .warm_start import Standby
 
 # A poller gives up this long after the guest clock should have fired.
 DEADLINE_MARGIN_SECONDS = guest.KILL_GRACE_SECONDS + 30
@@ -78,7 +76,7 @@ def start_detached(
     handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     reap: bool = True,
-    standby: Standby | None = None,
+    standby: StandbySandbox | None = None,
     standby_command: str | None = None,
 ) -> DetachedJob | JobOutcome:
     """Create, deliver and launch ``spec`` in the background.

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pandastack
 from pandastack import Sandbox
@@ -33,15 +33,20 @@ from .redact import Redactor
 from .spec import TAIL_BYTES, WORKDIR, JobSpec
 from .trailer import TrailerReader
 
-if TYPE_CHECKING:
-    from .warm_start import Standby
-
 logger = logging.getLogger(__name__)
 
 OutputCallback = Callable[[str, str], None]
 """Called with ``(stream, chunk)`` as the job's output arrives; stream is "stdout" or "stderr"."""
 CreatedCallback = Callable[[str], None]
 """Called with the sandbox id right after create, before any job code runs."""
+
+
+class StandbySandbox(Protocol):
+    """What a job needs of a standby (``warm_start.Standby``, which builds on this module): the id of
+    the ready sandbox it takes over."""
+
+    @property
+    def sandbox_id(self) -> str: ...
 
 
 class JobHandle:
@@ -534,7 +539,7 @@ def run_job(
     handle: JobHandle | None = None,
     redactor: Redactor | None = None,
     reap: bool = True,
-    standby: Standby | None = None,
+    standby: StandbySandbox | None = None,
     standby_command: str | None = None,
 ) -> JobOutcome:
     """Run ``spec`` in exactly one fresh sandbox and return what came of it.
@@ -554,7 +559,7 @@ def run_job(
     return run.run(**standby_steps(run, standby, standby_command))
 
 
-def standby_steps(run: JobRun, standby: Standby | None, command: str | None) -> dict[str, Any]:
+def standby_steps(run: JobRun, standby: StandbySandbox | None, command: str | None) -> dict[str, Any]:
     """The :meth:`JobRun.run` arguments that take ``standby`` (none without one)."""
     if standby is None:
         return {}

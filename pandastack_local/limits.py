@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from pandastack_local.exceptions import ApiError
 from pandastack_local.guest.agent import MAX_READ_BYTES
 from pandastack_local.templates.registry import Template
 
@@ -144,8 +145,6 @@ class StreamBudget:
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        from pandastack_local.manager import ApiError
-
         if self.held + STREAM_HOLD_BYTES > self.total_bytes:
             raise ApiError(
                 503,

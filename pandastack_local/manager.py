@@ -26,12 +26,13 @@ from typing import Any
 from pandastack_local import agent_client
 from pandastack_local.admission import Admission, Occupant
 from pandastack_local.config import ServerConfig
-from pandastack_local.exceptions import PandaStackLocalError
+from pandastack_local.exceptions import ApiError
 from pandastack_local.guest.agent import HEARTBEAT_SECONDS
 from pandastack_local.isolation import guest_dir
-from pandastack_local.isolation.backend import MEMORY_FORK_FIX, MemoryForker, make_backend
+from pandastack_local.isolation.backend import MEMORY_FORK_FIX, MemoryForker
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_rules
+from pandastack_local.isolation.factory import make_backend
 from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants, stop
 from pandastack_local.limits import fork_copy_cap
 from pandastack_local.templates import pythonenv
@@ -53,16 +54,6 @@ PRESSURE_SCAN_SECONDS = 0.5  # how often the pressure guard reads the sandboxes'
 # A request in flight keeps its sandbox busy (idle 0) while its agent showed life (a frame, the
 # heartbeat included) this recently; past it, the sandbox counts as idle from that last sign.
 BUSY_GRACE_SECONDS = 5 * HEARTBEAT_SECONDS  # room for a loaded host
-
-
-class ApiError(PandaStackLocalError):
-    """An error with the HTTP status and message the wire API promises."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
 
 
 def rfc3339(ts: float) -> str:

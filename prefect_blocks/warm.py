@@ -27,16 +27,32 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pandastack
 
 from pandastack_jobs import ConnectionConfig, Redactor, Standby, StandbyPool, WarmStart
 
 if TYPE_CHECKING:
-    from .worker import PandaStackJobConfiguration
+    from .credentials import PandaStackCredentials
 
 logger = logging.getLogger(__name__)
+
+
+class WarmConfiguration(Protocol):
+    """What warm starts read of a flow run's prepared configuration (worker.py's
+    ``PandaStackJobConfiguration``, which builds on this module)."""
+
+    @property
+    def command(self) -> str | None: ...
+    @property
+    def template(self) -> str: ...
+    @property
+    def warm_pool_size(self) -> int: ...
+    def sandbox_env(self) -> dict[str, str]: ...
+    def resolved_credentials(self) -> PandaStackCredentials: ...
+    def redactor(self) -> Redactor: ...
+
 
 # The cold command this pool type runs by default; only it has a warm form.
 DEFAULT_COMMAND = "prefect flow-run execute"
@@ -77,7 +93,7 @@ def fixed_env(sandbox_env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def warm_start_for(configuration: PandaStackJobConfiguration) -> WarmStart | None:
+def warm_start_for(configuration: WarmConfiguration) -> WarmStart | None:
     """The warm key of a prepared flow-run configuration; None when it must run cold
     (no warm pool asked for, or a command other than the pool type's default)."""
     if configuration.warm_pool_size <= 0 or (configuration.command or "").strip() != DEFAULT_COMMAND:
@@ -148,12 +164,12 @@ class WarmPools:
                 pool.start()
             return pool
 
-    def take(self, configuration: PandaStackJobConfiguration) -> Standby | None:
+    def take(self, configuration: WarmConfiguration) -> Standby | None:
         """A ready standby for this flow run's configuration, or None (run cold)."""
         pool = self.ensure(configuration)
         return pool.take() if pool is not None else None
 
-    def ensure(self, configuration: PandaStackJobConfiguration) -> StandbyPool | None:
+    def ensure(self, configuration: WarmConfiguration) -> StandbyPool | None:
         """The started pool of a prepared configuration's key; None when it runs cold."""
         warm = warm_start_for(configuration)
         if warm is None:

@@ -1,8 +1,8 @@
-"""The fallback copy of ``common.sandbox``'s driver contract and exceptions (see :mod:`.contract`).
+"""The fallback copy of ``common.sandbox``'s driver contract (see :mod:`.contract`); its exceptions
+are copied in :mod:`._contract_errors_local`, below the models the driver's signatures name.
 
-Same names, signatures and exception tree as the provider's ``driver.py`` and ``exceptions.py``,
-so a driver subclassing this one also subclasses the provider's once it is installed.
-Import these through :mod:`.contract`, never from here.
+Same names and signatures as the provider's ``driver.py``, so a driver subclassing this one also
+subclasses the provider's once it is installed. Import these through :mod:`.contract`, never from here.
 """
 
 from __future__ import annotations
@@ -10,6 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
+
+from ._contract_errors_local import (
+    SandboxConfigurationError,
+    SandboxError,
+    SandboxInvalidHandleError,
+    SandboxLaunchUnfencedError,
+    SandboxProtocolError,
+)
 
 if TYPE_CHECKING:
     from .models import (
@@ -19,38 +27,6 @@ if TYPE_CHECKING:
         SandboxOutput,
         SandboxResult,
     )
-
-
-class SandboxError(Exception):
-    """Base of the sandbox executor's contract errors."""
-
-
-class SandboxConfigurationError(SandboxError, ValueError):
-    """A sandbox option is invalid. The message names the option and the fix."""
-
-
-class SandboxProtocolError(SandboxError):
-    """A driver returned something the contract does not allow."""
-
-
-class SandboxInvalidHandleError(SandboxProtocolError):
-    """A persisted handle does not describe a sandbox of this request."""
-
-
-class SandboxLaunchUnfencedError(SandboxError):
-    """A launch failed and the driver could not prove that nothing of it still runs.
-
-    The executor keeps the try until a fence of ``request_id`` holds, and only then fails it
-    with ``launch_error``: Airflow must not start the next try beside a live sandbox.
-    """
-
-    def __init__(self, request_id: str, launch_error: BaseException, fence_error: BaseException) -> None:
-        self.request_id = request_id
-        self.launch_error = launch_error
-        self.fence_error = fence_error
-        super().__init__(
-            f"sandbox launch for request {request_id} failed and could not be fenced: {fence_error}"
-        )
 
 
 class SandboxDriver(ABC):
@@ -101,3 +77,14 @@ class SandboxDriver(ABC):
 
 
 SandboxDriverFactory = Callable[[], SandboxDriver]
+
+
+__all__ = [
+    "SandboxConfigurationError",
+    "SandboxDriver",
+    "SandboxDriverFactory",
+    "SandboxError",
+    "SandboxInvalidHandleError",
+    "SandboxLaunchUnfencedError",
+    "SandboxProtocolError",
+]

@@ -30,7 +30,7 @@ from uuid import UUID
 
 from airflow_provider.exceptions import PandaStackAirflowError
 
-from .contract import SandboxConfigurationError, SandboxInvalidHandleError
+from .contract_errors import SandboxConfigurationError, SandboxInvalidHandleError
 
 MAX_REF_LENGTH = 4096  # the handle is a few ids; anything longer is not ours
 

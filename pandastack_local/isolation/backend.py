@@ -10,14 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.process import SandboxProcess
 from pandastack_local.templates.registry import Template
-
-if TYPE_CHECKING:
-    from pandastack_local.isolation.gvisor.boot_images import BootImages
 
 Ready = Callable[[SandboxProcess], Awaitable[SandboxProcess]]
 Kill = Callable[[SandboxProcess], Awaitable[None]]
@@ -44,6 +40,16 @@ class MemoryForker(Protocol):
     def restore(self, name: str, template: Template, sandboxes_dir: Path, image: Path) -> SandboxProcess: ...
 
 
+class BootImageStore(Protocol):
+    """Ready sandboxes restored from a booted image per template (gvisor/boot_images.py)."""
+
+    async def spawn_ready(self, template: Template) -> SandboxProcess:
+        """A ready sandbox: restored from the template's image, or booted (making one)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
 class IsolationBackend(Protocol):
     """What the manager needs of a backend; every difference between backends is said here."""
 
@@ -58,7 +64,7 @@ class IsolationBackend(Protocol):
         answers ``memory_copied: false`` with ``no_memory_fork`` and refuses ``require_memory``."""
         ...
 
-    def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImages | None:
+    def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImageStore | None:
         """Where cold creates restore a booted image instead of booting (None: they boot)."""
         ...
 
@@ -77,16 +83,3 @@ class IsolationBackend(Protocol):
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]: ...
 
     def close(self) -> None: ...
-
-
-def make_backend(isolation_name: str, cgroups: Cgroups, instance: str, runsc: str | None) -> IsolationBackend:
-    """The backend named ``isolation_name``; gVisor refuses at once when runsc is not usable."""
-    if isolation_name == "bwrap":
-        from pandastack_local.isolation.bwrap.backend import BwrapBackend
-
-        return BwrapBackend(cgroups, instance)
-    if isolation_name == "gvisor":
-        from pandastack_local.isolation.gvisor.backend import GvisorBackend
-
-        return GvisorBackend(cgroups, runsc, instance)
-    raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation_name!r}")

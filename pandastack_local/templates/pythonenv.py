@@ -14,10 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pandastack_local.templates.registry import Template
+
+class Template(Protocol):
+    """What this module reads of a template (``registry.Template``, which builds on this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def python_env(self) -> Path | None: ...
+    @property
+    def code_dirs(self) -> tuple[Path, ...]: ...
+
 
 DEFAULT_GUEST_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 # Paths the sandbox builds itself or that would expose the host: never bound from a template.

@@ -52,7 +52,6 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -61,21 +60,19 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.isolation import mountns, process
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap.sandbox import bind_sources, exposed_sources
 from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.gvisor.boot_images import BootImages, boot_image_key
 from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from pandastack_local.isolation.gvisor.boot_images import BootImages
 
 MIN_RUNSC_DATE = "20240729"
 INSTALL_HINT = (
@@ -383,8 +380,6 @@ class GvisorBackend:
         return self
 
     def boot_image_store(self, sandboxes_dir: Path, ready: Ready, kill: Kill) -> BootImages:
-        from pandastack_local.isolation.gvisor.boot_images import BootImages
-
         return BootImages(self, sandboxes_dir, ready, kill)
 
     def __init__(self, cgroups: Cgroups, runsc: str | None, instance: str) -> None:
@@ -637,10 +632,3 @@ class GvisorBackend:
         shutil.rmtree(self.images_dir, ignore_errors=True)
         if self.exposed is not None:
             self.exposed.close()
-
-
-def boot_image_key(template: Template) -> str:
-    """One boot image per template as it is now: a rebuilt template (new environment, new
-    limits) gets a new image, since the agent's limits and environment are in the image."""
-    ident = json.dumps(dataclasses.astuple(template), default=str)  # name, limits, env, built dir...
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]

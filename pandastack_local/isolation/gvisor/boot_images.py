@@ -12,23 +12,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
+import json
 import logging
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 from pandastack_local import agent_client
 from pandastack_local.isolation import process
 from pandastack_local.isolation.backend import Kill, Ready
-from pandastack_local.isolation.gvisor.backend import GvisorBackend, boot_image_key
 from pandastack_local.templates.registry import Template
 
 log = logging.getLogger(__name__)
 
 
+class ImageBackend(Protocol):
+    """What boot images need of their backend (gvisor/backend.py's GvisorBackend, which builds on
+    this module)."""
+
+    def has_boot_image(self, template: Template) -> bool: ...
+    def spawn(self, name: str, template: Template, sandboxes_dir: Path) -> process.SandboxProcess: ...
+    def boot(self, name: str, template: Template, sandboxes_dir: Path) -> process.SandboxProcess: ...
+    def drop_boot_image(self, template: Template) -> None: ...
+    def prepare_quiesce(self, sp: process.SandboxProcess) -> None: ...
+    def save_boot_image(self, sp: process.SandboxProcess, template: Template) -> None: ...
+
+
+def boot_image_key(template: Template) -> str:
+    """One boot image per template as it is now: a rebuilt template (new environment, new
+    limits) gets a new image, since the agent's limits and environment are in the image."""
+    ident = json.dumps(dataclasses.astuple(template), default=str)  # name, limits, env, built dir...
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
 class BootImages:
     """Makes and uses one boot image per template (see the module docstring)."""
 
-    def __init__(self, backend: GvisorBackend, sandboxes_dir: Path, ready: Ready, kill: Kill) -> None:
+    def __init__(self, backend: ImageBackend, sandboxes_dir: Path, ready: Ready, kill: Kill) -> None:
         self.backend = backend
         self.sandboxes_dir = sandboxes_dir
         self.ready = ready
