@@ -23,6 +23,8 @@ def _version() -> str:
 
 
 def get_provider_info() -> dict[str, Any]:
+    from airflow_provider.executors.options import provider_config
+
     return {
         "package-name": PACKAGE_NAME,
         "name": "PandaStack",
@@ -53,6 +55,8 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": INTEGRATION, "python-modules": ["airflow_provider.triggers.sandbox"]}
         ],
         "executors": ["airflow_provider.executors.PandaStackExecutor"],
+        # The [pandastack_executor] options, declared once (executors/options.py).
+        "config": provider_config(),
         "cli": ["airflow_provider.executors.cli.get_cli_commands"],
         "task-decorators": [
             {"name": "pandastack", "class-name": "airflow_provider.decorators.pandastack.pandastack_task"}

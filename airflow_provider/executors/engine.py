@@ -50,6 +50,7 @@ from .models import (
     SandboxState,
     is_preassigned_executor_id,
 )
+from .options import config_error, read_section, unknown_options
 
 if TYPE_CHECKING:
     from airflow.models.taskinstance import TaskInstance
@@ -140,14 +141,16 @@ class SandboxExecutorEngine(BaseExecutor):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        section, get = self.config_section, self.conf.get
-        self.poll_interval = float(get(section, "poll_interval", fallback="1") or 1)
-        self.launch_concurrency = self.conf.getint(section, "launch_concurrency", fallback=8)
-        self.adoption_timeout = float(get(section, "adoption_timeout", fallback="30") or 30)
-        self.shutdown_timeout = float(get(section, "shutdown_timeout", fallback="30") or 30)
-        self.check_health = self.conf.getboolean(section, "check_health_on_startup", fallback=True)
-        if self.poll_interval <= 0 or self.launch_concurrency <= 0:
-            raise SandboxConfigurationError(f"[{section}] poll_interval and launch_concurrency must be > 0")
+        values, problems = self.read_options()
+        if problems:
+            raise SandboxConfigurationError(config_error(self.config_section, problems))
+        self.options: dict[str, Any] = values
+        """Every option of the section, read and checked (options.py declares them)."""
+        self.poll_interval: float = values["poll_interval"]
+        self.launch_concurrency: int = values["launch_concurrency"]
+        self.adoption_timeout: float = values["adoption_timeout"]
+        self.shutdown_timeout: float = values["shutdown_timeout"]
+        self.check_health: bool = values["check_health_on_startup"]
         self.driver: SandboxDriver | None = None
         self._loop: _Loop | None = None
         self._launching: dict[Future[SandboxExecutionRef], _Launch] = {}
@@ -164,6 +167,16 @@ class SandboxExecutorEngine(BaseExecutor):
     def label(self) -> str:
         """This executor's class name, for messages (``BaseExecutor.name`` is Airflow's own)."""
         return type(self).__name__
+
+    def read_options(self) -> tuple[dict[str, Any], list[str]]:
+        """Every option of the section and one problem per bad one, all read before any is used, so
+        the error names each (a subclass adds what it reads, e.g. the launch defaults)."""
+        values, problems = read_section(self.conf.get, self.config_section)
+        try:
+            present = self.conf.getsection(self.config_section)
+        except Exception:  # noqa: BLE001 - a conf without the section lists nothing unknown
+            present = None
+        return values, problems + unknown_options(present, self.config_section)
 
     # -- what a concrete executor provides ---------------------------------------------------------
 

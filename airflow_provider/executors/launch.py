@@ -20,10 +20,14 @@ from typing import Any
 from pandastack_jobs import JobSpec, JobSpecError, coerce_options
 
 from .models import SandboxConfigurationError, SandboxLaunchConfig
+from .options import TASK_OPTIONS as OPTION_NAMES
 
 EXECUTOR_CONFIG_KEY = "pandastack"
+# common.sandbox's provider-neutral key, and its options this executor reads (by their names here).
+PORTABLE_CONFIG_KEY = "sandbox"
+PORTABLE_OPTIONS = {"timeout_seconds": "timeout", "ttl_seconds": "ttl", "env": "env"}
 # The core's options a task may set through executor_config (a subset of JobSpec's).
-TASK_OPTIONS = ("template", "timeout", "ttl", "env")
+TASK_OPTIONS = OPTION_NAMES  # declared in options.py, with the section's other options
 DEFAULT_TEMPLATE = "code-interpreter"
 DEFAULT_TIMEOUT = 3600
 
@@ -122,23 +126,40 @@ class PandaStackLaunchConfig:
 
 
 def task_options(executor_config: object) -> dict[str, Any]:
-    """``executor_config["pandastack"]``, read by the core's declaration: template, timeout, ttl, env."""
-    where = f"executor_config[{EXECUTOR_CONFIG_KEY!r}]"
+    """A task's options, read by the core's declaration: ``executor_config["pandastack"]`` (template,
+    timeout, ttl, env) over the portable ``executor_config["sandbox"]`` (``common.sandbox``'s key:
+    timeout_seconds, ttl_seconds, env; ``keep`` only false, ``workdir`` only unset), so a DAG written
+    for any sandbox executor runs here. Where both set an option, ``pandastack`` wins."""
     if executor_config is None:
         return {}
     if not isinstance(executor_config, Mapping):
         raise SandboxConfigurationError(
             "executor_config: must be a dict, e.g. {'pandastack': {'timeout': 600}}"
         )
-    options = executor_config.get(EXECUTOR_CONFIG_KEY, {})
-    if options is None:
-        return {}
-    if not isinstance(options, Mapping):
-        raise SandboxConfigurationError(f"{where}: must be a dict")
+    out = _portable_options(executor_config.get(PORTABLE_CONFIG_KEY))
+    where = f"executor_config[{EXECUTOR_CONFIG_KEY!r}]"
+    options = _mapping(executor_config.get(EXECUTOR_CONFIG_KEY), where)
     if unknown := sorted(set(map(str, options)) - set(TASK_OPTIONS)):
         raise SandboxConfigurationError(
             f"{where}: unknown option(s) {', '.join(unknown)}; use {', '.join(sorted(TASK_OPTIONS))}"
         )
+    env = {**out.get("env", {}), **_coerce(options, where).get("env", {})}
+    out = {**out, **_coerce(options, where)}
+    if env:
+        out["env"] = env
+    return out
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SandboxConfigurationError(f"{where}: must be a dict")
+    return value
+
+
+def _coerce(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``options`` read by the core's declaration; a timeout in whole seconds."""
     try:
         out = coerce_options(options)
     except JobSpecError as exc:
@@ -147,3 +168,24 @@ def task_options(executor_config: object) -> dict[str, Any]:
         spec = _core_spec(where, {"timeout": out["timeout"]})
         out["timeout"] = _whole_seconds(spec.timeout, where)
     return out
+
+
+def _portable_options(value: object) -> dict[str, Any]:
+    """``executor_config["sandbox"]`` in this executor's option names."""
+    where = f"executor_config[{PORTABLE_CONFIG_KEY!r}]"
+    options = _mapping(value, where)
+    known = (*PORTABLE_OPTIONS, "keep", "workdir")
+    if unknown := sorted(set(map(str, options)) - set(known)):
+        raise SandboxConfigurationError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; use {', '.join(sorted(known))}"
+        )
+    if options.get("keep", False) is not False:
+        raise SandboxConfigurationError(
+            f"{where}: keep: PandaStackExecutor deletes every try's sandbox; leave keep out (or false)"
+        )
+    if options.get("workdir") is not None:
+        raise SandboxConfigurationError(
+            f"{where}: workdir: PandaStackExecutor runs each try in the template's work directory; "
+            "leave workdir out (or set it in the template)"
+        )
+    return _coerce({PORTABLE_OPTIONS[k]: v for k, v in options.items() if k in PORTABLE_OPTIONS}, where)

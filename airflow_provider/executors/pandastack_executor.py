@@ -32,12 +32,19 @@ from .driver import PandaStackDriver
 from .engine import WORKLOAD_MODULE, SandboxExecutorEngine
 from .hints import failure_hint
 from .launch import PandaStackLaunchConfig
-from .models import SandboxExecutionRef, SandboxLaunchConfig, SandboxOutput, SandboxResult, SandboxState
+from .models import (
+    SandboxConfigurationError,
+    SandboxExecutionRef,
+    SandboxLaunchConfig,
+    SandboxOutput,
+    SandboxResult,
+    SandboxState,
+)
+from .options import SECTION
 from .orphans import OrphanSweep, owners_alive, scheduler_owner
 from .task_logs import GUEST_LOG_FOLDER, TaskLogRelay, failure_lines
-from .warm import pool_size
 
-CONFIG_SECTION = "pandastack_executor"
+CONFIG_SECTION = SECTION
 # Beside an executor that does not pre-assign the try's UUID, Airflow gives it only to tasks whose
 # executor= is the configured alias or module path: configure this alias to use the short name.
 ALIAS = "PandaStackExecutor"
@@ -73,22 +80,27 @@ class PandaStackExecutor(SandboxExecutorEngine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        section, get = self.config_section, self.conf.get
-        self.conn_id = (
-            get(section, "pandastack_conn_id", fallback="pandastack_default") or "pandastack_default"
+        options, get = self.options, self.conf.get
+        self.conn_id: str = options["pandastack_conn_id"]
+        self.python: str = options["python"] or sys.executable
+        self.execution_api_url = options["execution_api_server_url"] or get_execution_api_server_url(
+            self.conf
         )
-        self.python = get(section, "python", fallback=None) or sys.executable
-        self.execution_api_url = get(section, "execution_api_server_url", fallback=None) or (
-            get_execution_api_server_url(self.conf)
-        )
-        self.dags_folder: str = (
-            get(section, "dags_folder", fallback=None) or get("core", "dags_folder", fallback="") or ""
-        )
-        self.launch_config = PandaStackLaunchConfig.from_section(get, section)
+        self.dags_folder: str = options["dags_folder"] or get("core", "dags_folder", fallback="") or ""
+        self.launch_config: PandaStackLaunchConfig = options["launch_config"]
         self.task_logs = TaskLogRelay(get("logging", "base_log_folder", fallback="") or "", self.log)
-        sweep_every = float(get(section, "orphan_sweep_interval", fallback="60") or 0)
-        self.orphans = OrphanSweep(sweep_every, self.driver_id, self.task_logs, self.log)
-        self.warm_pool_size = pool_size(get, section)
+        self.orphans = OrphanSweep(options["orphan_sweep_interval"], self.driver_id, self.task_logs, self.log)
+        self.warm_pool_size: int = options["warm_pool_size"]
+
+    def read_options(self) -> tuple[dict[str, Any], list[str]]:
+        """The engine's reading plus the launch defaults (the core checks template, timeout, ttl
+        and env): one error for every bad option."""
+        values, problems = super().read_options()
+        try:
+            values["launch_config"] = PandaStackLaunchConfig.from_section(self.conf.get, self.config_section)
+        except SandboxConfigurationError as exc:
+            problems.append(str(exc))
+        return values, problems
 
     def start(self) -> None:
         """Start the engine, then the standby pool when ``warm_pool_size`` asks for one.

@@ -19,47 +19,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import pandastack
 
 from pandastack_jobs import Redactor, Standby, StandbyPool, WarmStart
 
-from .contract import SandboxConfigurationError
-
 __all__ = [
     "IMPORT_ENV_PREFIXES",
-    "MAX_POOL_SIZE",
     "WarmPools",
     "fits",
     "import_env",
-    "pool_size",
 ]
 
 logger = logging.getLogger(__name__)
 
 IMPORT_ENV_PREFIXES = ("AIRFLOW", "PYTHON", "LD_")
-MAX_POOL_SIZE = 64
-OPTION = "warm_pool_size"
 # Standbys started at once while a pool refills after a burst (two: the refill of six taken at
 # once should not take six serial starts, nor take every core from the tries running).
 FILL_CONCURRENCY = 2
-
-
-def pool_size(get: Any, section: str) -> int:
-    """``[section] warm_pool_size`` (``get`` is ``conf.get``): 0 (the default) turns warm starts off."""
-    raw = get(section, OPTION, fallback=None)
-    text = "" if raw is None else str(raw).strip()
-    try:
-        size = int(text) if text else 0
-    except ValueError:
-        size = -1
-    if not 0 <= size <= MAX_POOL_SIZE:
-        raise SandboxConfigurationError(
-            f"[{section}] {OPTION}: {raw!r} is not a whole number from 0 to {MAX_POOL_SIZE}; "
-            "give the number of ready standbys to keep, e.g. 2 (0 turns warm starts off)"
-        )
-    return size
 
 
 def import_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -23,7 +23,8 @@ import pytest
 
 from airflow_provider.executors.driver import REQUEST_LABEL, REQUEST_PATH, PandaStackDriver
 from airflow_provider.executors.models import SandboxConfigurationError, SandboxLaunchRequest
-from airflow_provider.executors.warm import fits, pool_size
+from airflow_provider.executors.options import read_section
+from airflow_provider.executors.warm import fits
 from pandastack_jobs import ConnectionConfig, DetachedJob, Standby, WarmStart
 from pandastack_jobs.testing import FAKE_KEY, FakeClient, Script
 from pandastack_jobs.warm_start import ATTACH_PATH, STANDBY_LABEL
@@ -127,13 +128,16 @@ def launch(driver: PandaStackDriver, req: SandboxLaunchRequest) -> dict[str, Any
 
 
 def test_warm_pool_size_is_validated_naming_the_option() -> None:
-    def get(value: Any) -> Any:
-        return lambda section, option, fallback=None: value
+    def size(value: Any) -> tuple[Any, list[str]]:
+        values, problems = read_section(lambda s, o, fallback=None: value if o == "warm_pool_size" else None)
+        return values["warm_pool_size"] if not problems else None, problems
 
-    assert [pool_size(get(v), "pandastack_executor") for v in (None, "", "0", " 3 ")] == [0, 0, 0, 3]
+    assert [size(v)[0] for v in (None, "", "0", " 3 ")] == [0, 0, 0, 3]
     for bad in ("two", "-1", "65", "1.5"):
-        with pytest.raises(SandboxConfigurationError, match=r"\[pandastack_executor\] warm_pool_size"):
-            pool_size(get(bad), "pandastack_executor")
+        assert size(bad)[1] == [
+            f"[pandastack_executor] warm_pool_size: {bad!r} is not a whole number from 0 to 64: the ready "
+            "standbys to keep, e.g. 2 (0 turns warm starts off)"
+        ]
 
 
 def test_a_standby_fits_only_the_same_template_interpreter_module_and_import_env() -> None:
