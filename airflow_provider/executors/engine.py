@@ -25,11 +25,11 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from airflow.executors.base_executor import BaseExecutor, get_execution_api_server_url
 from airflow.executors.workloads import ExecuteTask
@@ -66,6 +66,17 @@ def backoff(base: float, attempts: int, cap: float = MAX_POLL_INTERVAL) -> float
     """Seconds to wait after ``attempts`` failures: ``base * 2**attempts``, capped, plus jitter."""
     interval = min(base * 2 ** min(attempts, 8), cap)
     return interval + random.uniform(0, min(interval / 5, 1.0))  # noqa: S311 - jitter, not crypto
+
+
+class DriverLoop(Protocol):
+    """Where the driver's coroutines run; the scheduler thread gets futures (never blocks on one,
+    but for ``run``)."""
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]: ...
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T: ...
+
+    def close(self, driver: SandboxDriver | None = None) -> None: ...
 
 
 class _Loop:
@@ -152,7 +163,13 @@ class SandboxExecutorEngine(BaseExecutor):
         self.shutdown_timeout: float = values["shutdown_timeout"]
         self.check_health: bool = values["check_health_on_startup"]
         self.driver: SandboxDriver | None = None
-        self._loop: _Loop | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        """When things are due (polls, requeues, fence retries): a test sets its own to skip waits."""
+        self.sleep: Callable[[float], None] = time.sleep
+        """The pause of the shutdown's waits (on ``clock``)."""
+        self.make_loop: Callable[[int], DriverLoop] = _Loop
+        """The loop driver calls run on (``concurrency``): a test's settles each call at once."""
+        self._loop: DriverLoop | None = None
         self._launching: dict[Future[SandboxExecutionRef], _Launch] = {}
         self._polling: dict[Future[SandboxResult], tuple[TaskInstanceKey, SandboxExecutionRef]] = {}
         self._finishing: dict[Future[Any], _Finish] = {}
@@ -239,7 +256,7 @@ class SandboxExecutorEngine(BaseExecutor):
             raise SandboxConfigurationError(
                 f"driver id {driver.driver_id!r} does not match the executor's {self.driver_id!r}"
             )
-        self.driver, self._loop = driver, _Loop(self.launch_concurrency)
+        self.driver, self._loop = driver, self.make_loop(self.launch_concurrency)
         if self.check_health:
             try:
                 self._loop.run(driver.health_check(), timeout=30)
@@ -335,7 +352,7 @@ class SandboxExecutorEngine(BaseExecutor):
                 continue
             except SandboxCapacityError as exc:
                 self.log.info("refused %s for capacity; queued again in %.1fs", key, exc.retry_after)
-                self._deferred[key] = (time.monotonic() + exc.retry_after, launch.workload)
+                self._deferred[key] = (self.clock() + exc.retry_after, launch.workload)
                 continue
             except Exception as exc:  # noqa: BLE001 - any launch error fails the try; retries apply
                 self.log.error("%s: launch of %s failed: %s", self.label, key, exc)
@@ -366,14 +383,14 @@ class SandboxExecutorEngine(BaseExecutor):
             exc.request_id,
         )
         if isinstance(error, SandboxCapacityError):
-            due = (time.monotonic() + error.retry_after, launch.workload)
+            due = (self.clock() + error.retry_after, launch.workload)
             self._start_fence(launch.key, exc.request_id, "capacity refusal", requeue=due)
             return
         self.report_not_started(launch.workload, f"{self.label}: {error}")
         self._start_fence(launch.key, exc.request_id, "launch failed", failure_info=str(error))
 
     def _requeue_due(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for key, (due, workload) in list(self._deferred.items()):
             if due <= now:
                 del self._deferred[key]
@@ -383,7 +400,7 @@ class SandboxExecutorEngine(BaseExecutor):
     def _schedule_polls(self) -> None:
         if self._loop is None or self.driver is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         busy = {key for key, _ in self._polling.values()}
         for key, ref in list(self._active.items()):
             if key in busy or self._next_poll.get(key, 0.0) > now:
@@ -397,7 +414,7 @@ class SandboxExecutorEngine(BaseExecutor):
             interval = min(retry_after, MAX_POLL_INTERVAL)
         else:
             interval = min(self.poll_interval * (2 ** min(failures, 8)), MAX_POLL_INTERVAL)
-        self._next_poll[key] = time.monotonic() + interval + random.uniform(0, interval / 10)  # noqa: S311
+        self._next_poll[key] = self.clock() + interval + random.uniform(0, interval / 10)  # noqa: S311
 
     def _drain_polls(self) -> None:
         for future, (key, ref) in list(self._polling.items()):
@@ -479,7 +496,7 @@ class SandboxExecutorEngine(BaseExecutor):
         """Submit every fence that is due and not in flight (a failed one waits out its backoff)."""
         if self.driver is None or self._loop is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         for fence in self._fences.values():
             if fence.future is None and fence.next_attempt <= now:
                 fence.future = self._submit(self.driver.fence(fence.request_id))
@@ -494,7 +511,7 @@ class SandboxExecutorEngine(BaseExecutor):
             except Exception as exc:  # noqa: BLE001 - any failure: retried after the backoff
                 fence.attempts += 1
                 delay = backoff(self.poll_interval, fence.attempts)
-                fence.next_attempt = time.monotonic() + delay
+                fence.next_attempt = self.clock() + delay
                 self.log.warning(
                     "%s: fencing %s failed (attempt %d: %s); retrying in %.1fs",
                     self.label,
@@ -584,11 +601,11 @@ class SandboxExecutorEngine(BaseExecutor):
 
     def end(self) -> None:
         """Stop launching; running sandboxes keep going and a new scheduler adopts them."""
-        deadline = time.monotonic() + self.shutdown_timeout
-        while (self._launching or self._finishing) and time.monotonic() < deadline:
+        deadline = self.clock() + self.shutdown_timeout
+        while (self._launching or self._finishing) and self.clock() < deadline:
             self._drain_launches()
             self._drain_finishes()
-            time.sleep(0.1)
+            self.sleep(0.1)
         for launch in self._launching.values():
             self._start_fence(None, launch.request_id, "executor shut down during launch")
         self._wait_fences(deadline)
@@ -596,7 +613,7 @@ class SandboxExecutorEngine(BaseExecutor):
 
     def terminate(self) -> None:
         """Delete every sandbox this executor runs."""
-        deadline = time.monotonic() + self.shutdown_timeout
+        deadline = self.clock() + self.shutdown_timeout
         request_ids = {ref.request_id for ref in self._active.values()}
         request_ids |= {launch.request_id for launch in self._launching.values()}
         for request_id in request_ids:
@@ -607,10 +624,10 @@ class SandboxExecutorEngine(BaseExecutor):
         self._close()
 
     def _wait_fences(self, deadline: float) -> None:
-        while self._fences and time.monotonic() < deadline:
+        while self._fences and self.clock() < deadline:
             self._drain_fences()
             self._schedule_fences()
-            time.sleep(0.05)
+            self.sleep(0.05)
         if self._fences:
             self.log.warning(
                 "%s: %d fence(s) did not hold before shutdown; the sandboxes' TTL is their backstop",

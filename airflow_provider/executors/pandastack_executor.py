@@ -90,6 +90,7 @@ class PandaStackExecutor(SandboxExecutorEngine):
         self.launch_config: PandaStackLaunchConfig = options["launch_config"]
         self.task_logs = TaskLogRelay(get("logging", "base_log_folder", fallback="") or "", self.log)
         self.orphans = OrphanSweep(options["orphan_sweep_interval"], self.driver_id, self.task_logs, self.log)
+        self.orphans.clock = lambda: self.clock()
         self.warm_pool_size: int = options["warm_pool_size"]
 
     def read_options(self) -> tuple[dict[str, Any], list[str]]:

@@ -17,11 +17,13 @@ It fulfils the contract the executor uses: the abstract methods, ``recover`` and
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from . import models
 from .contract import SandboxDriver
@@ -39,6 +41,49 @@ OPERATIONS = (
     "list_requests",
 )
 SUCCEEDED = SandboxResult(SandboxState.SUCCEEDED, exit_code=0)
+T = TypeVar("T")
+
+
+class FakeClock:
+    """A clock that moves only when told: ``executor.clock = executor.sleep = ...`` (a sleep advances
+    it), so waits are skipped and a delay is a number the test can assert exactly."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+    def advance_to(self, when: float) -> None:
+        self.now = max(self.now, when)
+
+
+class SettledLoop:
+    """The engine's driver loop for unit tests (``executor.make_loop = SettledLoop``): each call runs
+    to its end when submitted, in the caller's thread, and comes back as a settled future, so one
+    heartbeat's outcome is fixed by what the test scripted, never by a thread's timing."""
+
+    def __init__(self, concurrency: int = 1) -> None:
+        self._loop = asyncio.new_event_loop()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(self._loop.run_until_complete(coro))
+        except BaseException as exc:  # noqa: BLE001 - the future carries it, as the real loop's does
+            future.set_exception(exc)
+        return future
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        return self.submit(coro).result(timeout=0)
+
+    def close(self, driver: SandboxDriver | None = None) -> None:
+        if driver is not None:
+            self.submit(driver.close())
+        self._loop.close()
 
 
 @dataclass
@@ -68,7 +113,8 @@ class FakeSandboxDriver(SandboxDriver):
         self.launched: list[SandboxLaunchRequest] = []
         self.calls: list[tuple[str, str]] = []
         self.call_times: list[float] = []
-        """``time.monotonic()`` of each entry of ``calls``."""
+        """``clock()`` of each entry of ``calls``."""
+        self.clock: Callable[[], float] = time.monotonic
         self._polls: dict[str, int] = {}
         self._failures: list[tuple[str, BaseException, int | None]] = []
         self.closed = False
@@ -110,7 +156,7 @@ class FakeSandboxDriver(SandboxDriver):
     def _enter(self, op: str, request_id: str = "") -> None:
         with self._lock:
             self.calls.append((op, request_id))
-            self.call_times.append(time.monotonic())
+            self.call_times.append(self.clock())
             for i, (name, error, times) in enumerate(self._failures):
                 if name != op:
                     continue

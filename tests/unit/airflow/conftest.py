@@ -18,7 +18,7 @@ from pandastack_jobs.testing import FAKE_KEY, FAKE_URL, FakeClient
 from pandastack_local.testing.airflow_env import isolate_airflow_home
 
 if TYPE_CHECKING:
-    from airflow_provider.executors.testing import FakeSandboxDriver
+    from airflow_provider.executors.testing import FakeClock, FakeSandboxDriver
 
 assert "airflow" not in sys.modules or os.environ.get("PANDASTACK_TEST_AIRFLOW_HOME"), (
     "airflow was imported before tests/unit/airflow/conftest.py could isolate AIRFLOW_HOME"
@@ -54,22 +54,36 @@ def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def driver() -> FakeSandboxDriver:
-    from airflow_provider.executors.testing import FakeSandboxDriver
+def clock() -> FakeClock:
+    """The executors' and the driver's time: it moves only when a test (or beat_until) moves it."""
+    from airflow_provider.executors.testing import FakeClock
 
-    return FakeSandboxDriver()
+    return FakeClock()
 
 
 @pytest.fixture
-def make_executor(logs: Path, driver: FakeSandboxDriver) -> Iterator[Callable[..., Any]]:
-    """Started executors on ``driver`` (settings from the environment as it is when called)."""
+def driver(clock: FakeClock) -> FakeSandboxDriver:
+    from airflow_provider.executors.testing import FakeSandboxDriver
+
+    driver = FakeSandboxDriver()
+    driver.clock = clock
+    return driver
+
+
+@pytest.fixture
+def make_executor(logs: Path, driver: FakeSandboxDriver, clock: FakeClock) -> Iterator[Callable[..., Any]]:
+    """Started executors on ``driver`` (settings from the environment as it is when called): each
+    driver call settled when submitted (SettledLoop), time on ``clock`` (waits are skipped)."""
     from airflow_provider.executors import PandaStackExecutor
+    from airflow_provider.executors.testing import SettledLoop
 
     made: list[Any] = []
 
     def make(parallelism: int = 8) -> Any:
         made.append(PandaStackExecutor(parallelism=parallelism))
         made[-1].make_driver = lambda: driver
+        made[-1].make_loop = SettledLoop
+        made[-1].clock, made[-1].sleep = clock, clock.advance
         made[-1].start()
         return made[-1]
 

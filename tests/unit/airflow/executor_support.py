@@ -4,7 +4,6 @@ hands it over, and heartbeating until something holds (fixtures: conftest.py).""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -46,12 +45,40 @@ def workload(**ti_fields: Any) -> Any:
     )
 
 
-def beat_until(executor: Any, done: Callable[[], bool], limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not done():
-        assert time.monotonic() < deadline, f"not reached; buffer={executor.event_buffer}"
+def settled(executor: Any, driver: Any) -> Any:
+    """``executor`` (not started) on ``driver``, its calls settled at once and its time the driver's
+    fake clock (what conftest's make_executor does)."""
+    from airflow_provider.executors.testing import SettledLoop
+
+    executor.make_driver = lambda: driver
+    executor.make_loop = SettledLoop
+    executor.clock, executor.sleep = driver.clock, driver.clock.advance
+    return executor
+
+
+def skip_waits(executor: Any) -> None:
+    """Move the executor's fake clock to the next thing due (a poll, a requeue, a fence retry, a
+    sweep) when nothing is due now: a wait costs no time and its length stays exact."""
+    now = executor.clock()
+    due = [*executor._next_poll.values(), *(when for when, _ in executor._deferred.values())]
+    due += [f.next_attempt for f in executor._fences.values() if f.future is None]
+    if executor.orphans.interval > 0:
+        due.append(executor.orphans.next_sweep)
+    if due and min(due) > now:
+        executor.clock.advance_to(min(due))
+
+
+def beat_until(executor: Any, done: Callable[[], bool], beats: int = 200) -> None:
+    """Heartbeat until ``done()``, skipping waits; fails after ``beats`` heartbeats (no wall clock:
+    with every driver call settled at once, a heartbeat's outcome is fixed)."""
+    for _ in range(beats):
+        if done():
+            return
         executor.heartbeat()
-        time.sleep(0.002)
+        if done():
+            return
+        skip_waits(executor)
+    assert done(), f"not reached in {beats} heartbeats; buffer={executor.event_buffer}"
 
 
 def final_event(executor: Any, key: Any) -> tuple[str, Any]:

@@ -7,7 +7,6 @@ The same paths against real sandboxes are in tests/airflow/test_airflow_executor
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.unit.airflow.executor_support import (
     final_event,
     log_events,
     running_try,
+    settled,
     workload,
 )
 
@@ -113,7 +113,7 @@ def test_a_capacity_refusal_requeues_after_retry_after_without_failing(
     beat_until(executor, lambda: wl.ti.key in executor._deferred)
     assert wl.ti.key not in executor.event_buffer
     due = executor._deferred[wl.ti.key][0]
-    assert due - time.monotonic() <= 0.05
+    assert due - executor.clock() == pytest.approx(0.05)  # requeued after Retry-After, on the fake clock
     assert final_event(executor, wl.ti.key)[0] == "success"
     assert [op for op, _ in driver.calls].count("launch") == 2
 
@@ -223,6 +223,8 @@ def test_terminate_deletes_every_sandbox_the_executor_runs(logs: Path, driver: F
     from airflow_provider.executors import PandaStackExecutor
 
     ex = PandaStackExecutor(parallelism=4)
+
+    settled(ex, driver)
     ex.make_driver = lambda: driver  # type: ignore[method-assign]
     ex.start()
     loads = [workload() for _ in range(3)]
@@ -239,6 +241,7 @@ def test_an_unhealthy_service_stops_the_start(logs: Path, driver: FakeSandboxDri
 
     driver.fail("health_check", PermissionError("invalid api token"))
     ex = PandaStackExecutor(parallelism=1)
+    settled(ex, driver)
     ex.make_driver = lambda: driver  # type: ignore[method-assign]
     with pytest.raises(PermissionError, match="invalid api token"):
         ex.start()
@@ -267,6 +270,8 @@ def test_the_orphan_sweep_copies_an_ended_trys_log_and_fences_it_and_leaves_owne
         return {ended_rid: ref} if ended_rid in candidates else {}
 
     ex = PandaStackExecutor(parallelism=4)
+
+    settled(ex, driver)
     ex.orphans.ended_tries = ended_tries  # type: ignore[method-assign]
     ex.make_driver = lambda: driver  # type: ignore[method-assign]
     ex.start()
