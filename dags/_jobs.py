@@ -1,7 +1,9 @@
 """Where the example job code lives (the files shipped into the sandboxes).
 
 ``sample_jobs/`` sits next to ``dags/`` in this repository; set ``PANDASTACK_EXAMPLE_JOBS``
-when the DAG folder is deployed elsewhere.
+when the DAG folder is deployed elsewhere. The tenants' helpers repeat ``flows/_jobs.py`` on purpose:
+an Airflow image gets only its DAG folder, a Prefect one only the flows' project, so neither can
+import the other's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Where the example job code lives, and the tenants' inputs (shared with ``dags/``)."""
+"""Where the example job code lives, and the tenants' inputs.
+
+The same as ``dags/_jobs.py`` on purpose: each engine's image gets only its own folder (the DAG
+folder, or the flows' project directory), so neither can import the other's copy.
+"""
 
 from __future__ import annotations
 

@@ -11,14 +11,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from ._contract_errors_local import (
-    SandboxConfigurationError,
-    SandboxError,
-    SandboxInvalidHandleError,
-    SandboxLaunchUnfencedError,
-    SandboxProtocolError,
-)
-
 if TYPE_CHECKING:
     from .models import (
         RecoveredSandbox,
@@ -77,14 +69,3 @@ class SandboxDriver(ABC):
 
 
 SandboxDriverFactory = Callable[[], SandboxDriver]
-
-
-__all__ = [
-    "SandboxConfigurationError",
-    "SandboxDriver",
-    "SandboxDriverFactory",
-    "SandboxError",
-    "SandboxInvalidHandleError",
-    "SandboxLaunchUnfencedError",
-    "SandboxProtocolError",
-]

@@ -29,11 +29,13 @@ from .contract_errors import (
 def resolve() -> tuple[dict[str, Any], bool]:
     """The contract's names, from the provider when it is importable (True) or the local copies."""
     modules = provider_modules()
+    from_provider = modules is not None
     if modules is None:
-        from . import _contract_local as local
+        from . import _contract_errors_local, _contract_local
 
-        return {name: getattr(local, name) for names in NAMES.values() for name in names}, False
-    return {name: getattr(modules[part], name) for part, names in NAMES.items() for name in names}, True
+        modules = {"driver": _contract_local, "exceptions": _contract_errors_local}
+    names = {name: getattr(modules[part], name) for part, parts in NAMES.items() for name in parts}
+    return names, from_provider
 
 
 if TYPE_CHECKING:

@@ -7,11 +7,14 @@ Execution API the tasks call) and ``airflow scheduler``, each with its log in th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -102,6 +105,26 @@ class ExecutorStack:
                 proc.kill()
 
 
+def scheduler_home(migrated_db: Path, dag_file: Path, prefix: str) -> tuple[Path, Path]:
+    """A fresh AIRFLOW_HOME with a copy of a migrated metadata DB and ``dag_file`` in its dags
+    folder: ``(home, dags)``.
+
+    Not under pytest's tmp_path: pytest prunes old base temp dirs, and other pytest sessions on the
+    machine could remove this home (and its SQLite DB) while the scheduler runs. Copied through
+    SQLite's backup API, never by opening the file: a plain open and close by this process drops
+    every POSIX lock its live SQLite connections hold on it, so the next worker to close thinks it
+    is the last and deletes the WAL under a SIGKILLed worker's later commits.
+    """
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    live, copy = sqlite3.connect(migrated_db), sqlite3.connect(home / "airflow.db")
+    with contextlib.closing(live), contextlib.closing(copy):
+        live.backup(copy)
+    dags = home / "dags"
+    dags.mkdir()
+    shutil.copy(dag_file, dags / dag_file.name)
+    return home, dags
+
+
 def start_executor_stack(
     home: Path,
     dags: Path,
@@ -152,6 +175,24 @@ def start_executor_stack(
         server.close()
         raise
     return stack
+
+
+def pandastack_executor_stack(
+    home: Path, dags: Path, repo: Path, warm_pool_size: str, extra_env: dict[str, str] | None = None
+) -> ExecutorStack:
+    """The stack with PandaStackExecutor (a 300 s try timeout, no server pool): the DAG bundle and
+    ``repo``'s provider bound into each sandbox, ``repo`` first on the tries' PYTHONPATH (in the
+    section's env, so a standby's runner imports under it too), wherever an editable install points."""
+    env = {
+        "AIRFLOW__PANDASTACK_EXECUTOR__TIMEOUT": "300",
+        "AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE": warm_pool_size,
+        "AIRFLOW__PANDASTACK_EXECUTOR__ENV": json.dumps({"PYTHONPATH": str(repo)}),
+        **(extra_env or {}),
+    }
+    code_dirs = [str(dags), str(repo)]
+    return start_executor_stack(
+        home, dags, code_dirs, "airflow_provider.executors.PandaStackExecutor", env, pool_size=0
+    )
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:

@@ -11,11 +11,7 @@ files and the test searches them for the secrets the scheduler holds.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
-import sqlite3
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +21,7 @@ import pytest
 
 from airflow_provider.executors.models import SandboxExecutionRef
 from pandastack_jobs.warm_start import CHECK_COMMAND
-from pandastack_local.testing.executor_stack import ExecutorStack, start_executor_stack
+from pandastack_local.testing.executor_stack import ExecutorStack, pandastack_executor_stack, scheduler_home
 
 REPO = Path(__file__).resolve().parents[2]
 STANDBY = "pandastack.standby"
@@ -37,34 +33,10 @@ DAG_ID = "pandastack_executor_try"
 def stack(airflow_db: Path, request: pytest.FixtureRequest) -> Iterator[ExecutorStack]:
     """The scheduler stack, cold (``warm_pool_size = 0``, the default) and with three standbys:
     the same tries, the same guarantees (a sandbox per try, no secrets, nothing left)."""
-    # Not tmp_path: pytest prunes old base temp dirs, and other pytest sessions on the machine could
-    # remove this home (and its SQLite DB) while the scheduler runs.
-    home = Path(tempfile.mkdtemp(prefix="ps-executor-airflow-"))
-    # migrated once per session. Copied through SQLite's backup API, never by opening the file: a
-    # plain open and close by this process drops every POSIX lock its live SQLite connections hold
-    # on it, so the next worker to close thinks it is the last and deletes the WAL under a
-    # SIGKILLed worker's later commits (test_airflow_kill.py then saw none of them).
-    live, copy = sqlite3.connect(airflow_db / "airflow.db"), sqlite3.connect(home / "airflow.db")
-    with contextlib.closing(live), contextlib.closing(copy):
-        live.backup(copy)
-    dags = home / "dags"
-    dags.mkdir()
-    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
-    # The DAG bundle and the editable provider's source are bound into each sandbox.
-    stack = start_executor_stack(
-        home,
-        dags,
-        [str(dags), str(REPO)],
-        "airflow_provider.executors.PandaStackExecutor",
-        {
-            "AIRFLOW__CORE__PARALLELISM": "3",
-            "AIRFLOW__PANDASTACK_EXECUTOR__TIMEOUT": "300",
-            "AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE": request.param,
-            # This checkout's provider in the sandbox, wherever an editable install points.
-            "AIRFLOW__PANDASTACK_EXECUTOR__ENV": json.dumps({"PYTHONPATH": str(REPO)}),
-        },
-        pool_size=0,
-    )
+    # The DB migrated once per session, copied so that test_airflow_kill.py's SIGKILLed worker's
+    # commits survive (scheduler_home says how).
+    home, dags = scheduler_home(airflow_db / "airflow.db", DAG_FILE, "ps-executor-airflow-")
+    stack = pandastack_executor_stack(home, dags, REPO, request.param, {"AIRFLOW__CORE__PARALLELISM": "3"})
     try:
         yield stack
     finally:

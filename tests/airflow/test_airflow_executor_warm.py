@@ -5,11 +5,7 @@ its runner, and succeeds; the scheduler's stop (the executor's ``end``) deletes 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
-import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
@@ -17,7 +13,7 @@ import pytest
 
 from airflow_provider.executors.models import SandboxExecutionRef
 from pandastack_jobs.warm_start import CHECK_COMMAND, STANDBY_LABEL
-from pandastack_local.testing.executor_stack import start_executor_stack
+from pandastack_local.testing.executor_stack import pandastack_executor_stack, scheduler_home
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILE = Path(__file__).with_name("executor_dags") / "pandastack_executor_warm.py"
@@ -38,27 +34,8 @@ def ready(client: object) -> bool:
 
 @pytest.mark.timeout(1200)
 def test_a_try_runs_warm_in_a_standby_and_end_closes_the_pool(airflow_db: Path) -> None:
-    home = Path(tempfile.mkdtemp(prefix="ps-executor-warm-"))
-    live, copy = sqlite3.connect(airflow_db / "airflow.db"), sqlite3.connect(home / "airflow.db")
-    with contextlib.closing(live), contextlib.closing(copy):
-        live.backup(copy)
-    dags = home / "dags"
-    dags.mkdir()
-    shutil.copy(DAG_FILE, dags / DAG_FILE.name)
-    stack = start_executor_stack(
-        home,
-        dags,
-        [str(dags), str(REPO)],
-        "airflow_provider.executors.PandaStackExecutor",
-        {
-            "AIRFLOW__PANDASTACK_EXECUTOR__TIMEOUT": "300",
-            "AIRFLOW__PANDASTACK_EXECUTOR__WARM_POOL_SIZE": "1",
-            # This checkout's provider in the sandbox (an editable install may point elsewhere):
-            # in the section's env, so the standby's runner imports under it too.
-            "AIRFLOW__PANDASTACK_EXECUTOR__ENV": json.dumps({"PYTHONPATH": str(REPO)}),
-        },
-        pool_size=0,
-    )
+    home, dags = scheduler_home(airflow_db / "airflow.db", DAG_FILE, "ps-executor-warm-")
+    stack = pandastack_executor_stack(home, dags, REPO, "1")
     client = stack.server.client()
     try:
         deadline = time.monotonic() + 300

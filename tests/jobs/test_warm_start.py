@@ -8,7 +8,8 @@ is the runner and the module is already in ``sys.modules``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -169,30 +170,40 @@ def _job_processes(sb, pattern: str, wait: float) -> list[str]:
         time.sleep(0.2)
 
 
-def test_the_guest_timeout_kills_the_jobs_whole_process_group(pool, ps_client) -> None:
-    """A job deaf to TERM, with a child: the timeout's TERM is passed on, the KILL follows."""
+def _time_out_warm(pool, ps_client, module: str, code: str, look: Callable[[Any, float], list[str]]) -> None:
+    """Run ``module`` (``code``) warm in a standby with a 2 s timeout: it times out, and ``look``
+    (the sandbox, the exec's seconds) finds none of its processes left."""
     from pandastack_jobs.lifecycle import JobRun
 
     standby = _take(pool)
-    spec = _spec(command="python3 -m hangs", files={"hangs.py": HANGS}, timeout=2, result_path=None)
+    spec = _spec(command=f"python3 -m {module}", files={f"{module}.py": code}, timeout=2, result_path=None)
     left: list[str] = ["not looked"]
     run = JobRun(ps_client, spec)
 
     def execute_then_look(sb):
-        code, elapsed = run.execute(sb)
-        # The TERM alone did not end it: the exec returned only once the KILL had (the grace).
-        assert elapsed >= 2 + guest.KILL_GRACE_SECONDS - 0.5, elapsed
-        left[:] = _job_processes(sb, "hangs", 15) + _job_processes(sb, "sleep 303", 1)
-        return code, elapsed
+        exit_code, elapsed = run.execute(sb)
+        left[:] = look(sb, elapsed)
+        return exit_code, elapsed
 
     outcome = run.run(
-        acquire=lambda: run.take_standby(standby.sandbox_id, standby.command(["python3", "-m", "hangs"])),
+        acquire=lambda: run.take_standby(standby.sandbox_id, standby.command(["python3", "-m", module])),
         execute=execute_then_look,
         fresh=True,
     )
     assert run.warm is True and "started" in outcome.stdout_tail
     assert outcome.kind is FailureKind.TIMEOUT, outcome.reason
     assert left == []
+
+
+def test_the_guest_timeout_kills_the_jobs_whole_process_group(pool, ps_client) -> None:
+    """A job deaf to TERM, with a child: the timeout's TERM is passed on, the KILL follows."""
+
+    def look(sb, elapsed: float) -> list[str]:
+        # The TERM alone did not end it: the exec returned only once the KILL had (the grace).
+        assert elapsed >= 2 + guest.KILL_GRACE_SECONDS - 0.5, elapsed
+        return _job_processes(sb, "hangs", 15) + _job_processes(sb, "sleep 303", 1)
+
+    _time_out_warm(pool, ps_client, "hangs", HANGS, look)
 
 
 DIES_AT_TERM = """
@@ -205,29 +216,9 @@ time.sleep(300)
 
 def test_a_warm_job_that_dies_at_term_leaves_no_child_deaf_to_it(pool, ps_client) -> None:
     """The runner reports the job's exit at the TERM; what ignored the TERM is KILLed after the grace."""
-    from pandastack_jobs.lifecycle import JobRun
-
-    standby = _take(pool)
-    argv = ["python3", "-m", "diesatterm"]
-    spec = _spec(
-        command="python3 -m diesatterm", files={"diesatterm.py": DIES_AT_TERM}, timeout=2, result_path=None
+    _time_out_warm(
+        pool, ps_client, "diesatterm", DIES_AT_TERM, lambda sb, elapsed: _job_processes(sb, "sleep 305", 0)
     )
-    left: list[str] = ["not looked"]
-    run = JobRun(ps_client, spec)
-
-    def execute_then_look(sb):
-        code, elapsed = run.execute(sb)
-        left[:] = _job_processes(sb, "sleep 305", 0)
-        return code, elapsed
-
-    outcome = run.run(
-        acquire=lambda: run.take_standby(standby.sandbox_id, standby.command(argv)),
-        execute=execute_then_look,
-        fresh=True,
-    )
-    assert run.warm is True and "started" in outcome.stdout_tail
-    assert outcome.kind is FailureKind.TIMEOUT, outcome.reason
-    assert left == []
 
 
 SLEEPS = """

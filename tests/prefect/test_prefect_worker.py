@@ -107,6 +107,12 @@ def pool(sandbox_server: LocalServer, code_dir: Path) -> str:
         "$ref": {"block_document_id": str(block_id)}
     }
     template["variables"]["properties"]["timeout"]["default"] = 120
+    return create_pool_and_deploy(name, template, code_dir, "inside")
+
+
+def create_pool_and_deploy(name: str, template: dict[str, Any], code_dir: Path, deployment: str) -> str:
+    """Work pool ``name`` of the ``pandastack`` type with ``template``, and worker_flows.py's
+    ``inside`` flow deployed to it as ``deployment``."""
 
     async def create() -> None:
         async with get_client() as client:
@@ -116,7 +122,7 @@ def pool(sandbox_server: LocalServer, code_dir: Path) -> str:
 
     anyio.run(create)
     f = flow.from_source(source=str(code_dir), entrypoint="worker_flows.py:inside")
-    f.deploy(name="inside", work_pool_name=name, build=False, push=False, print_next_steps=False)
+    f.deploy(name=deployment, work_pool_name=name, build=False, push=False, print_next_steps=False)
     return name
 
 

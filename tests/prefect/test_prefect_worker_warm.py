@@ -14,9 +14,6 @@ from uuid import UUID
 
 import anyio
 import pytest
-from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
@@ -28,7 +25,7 @@ from prefect_blocks import PandaStackCredentials
 from prefect_blocks.warm import META_INSTANCE, SETTINGS_FILE
 from prefect_blocks.worker import META_POOL, PandaStackWorker
 from tests.prefect import test_prefect_worker as cold
-from tests.prefect.test_prefect_worker import final, inside_facts, read_run, run_logs
+from tests.prefect.test_prefect_worker import create_pool_and_deploy, final, inside_facts, read_run, run_logs
 
 pytestmark = pytest.mark.timeout(300)
 # The cold tests' module fixtures: the same Prefect flows and private pandastack-local.
@@ -49,17 +46,7 @@ def make_warm_pool(server: LocalServer, code_dir: Any, name: str, env: dict[str,
     props["timeout"]["default"] = 120
     props["warm_pool_size"]["default"] = 1
     props["env"]["default"] = env
-
-    async def create() -> None:
-        async with get_client() as client:
-            await client.create_work_pool(
-                WorkPoolCreate(name=name, type="pandastack", base_job_template=template)
-            )
-
-    anyio.run(create)
-    f = flow.from_source(source=str(code_dir), entrypoint="worker_flows.py:inside")
-    f.deploy(name=name, work_pool_name=name, build=False, push=False, print_next_steps=False)
-    return name
+    return create_pool_and_deploy(name, template, code_dir, name)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,3 +100,16 @@ def http_fixture(server: LocalServer) -> Iterator[httpx.Client]:
     auth = {"Authorization": f"Bearer {server.api_key}"}
     with httpx.Client(base_url=server.url, headers=auth, timeout=30) as c:
         yield c
+
+
+def detached_started(client: Any, spec: Any, timeout: float) -> Any:
+    """A detached job of ``spec``, waited on (polling, with a deadline) until it has ended."""
+    from pandastack_jobs.detached import poll_detached, start_detached
+
+    job = start_detached(client, spec)
+    assert not hasattr(job, "ok"), job  # started, not refused
+    deadline = time.monotonic() + timeout
+    while poll_detached(client, job.sandbox_id) is None:
+        assert time.monotonic() < deadline, f"the detached job did not end in {timeout} s"
+        time.sleep(0.1)
+    return job

@@ -24,13 +24,11 @@ from pandastack_jobs import (
     JobOutcome,
     JobSpec,
     finish_detached,
-    poll_detached,
     run_job,
-    start_detached,
 )
 from pandastack_local import LocalServer
 
-from .bounds_support import MiB, RssWatch, client_fixture, http_fixture, server_fixture  # noqa: F401
+from .bounds_support import MiB, RssWatch, client_fixture, detached_started, http_fixture, server_fixture  # noqa: F401
 
 FAST = 5.0  # seconds: the C2 job ends this fast
 
@@ -126,12 +124,7 @@ def test_detached_output_attack_is_bounded(server: LocalServer, client: Any) -> 
     small, and its (valid) result still comes back."""
     cmd = 'ln -sf /dev/zero /work/.pandastack/stdout; echo "{\\"ok\\": 1}" > /work/result.json'
     spec = JobSpec(command=cmd, timeout=30)
-    job = start_detached(client, spec)
-    assert not hasattr(job, "ok"), job
-    deadline = time.monotonic() + 20
-    while poll_detached(client, job.sandbox_id) is None:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    job = detached_started(client, spec, timeout=20)
     assert server.pid is not None
     with RssWatch(server.pid) as watch:
         started = time.monotonic()

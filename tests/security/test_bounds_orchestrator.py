@@ -15,15 +15,14 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Any
 
-from pandastack_jobs import JobSpec, finish_detached, poll_detached, start_detached
+from pandastack_jobs import JobSpec, finish_detached
 from pandastack_jobs.detached import OUTPUT_TAIL_BYTES
 from pandastack_jobs.spec import TAIL_BYTES
 from pandastack_local import LocalServer
 
-from .bounds_support import RSS_GROWTH_LIMIT, MiB, RssWatch, client_fixture, server_fixture  # noqa: F401
+from .bounds_support import RSS_GROWTH_LIMIT, MiB, RssWatch, client_fixture, detached_started, server_fixture  # noqa: F401
 
 PRINTED = 1024 * MiB  # of "y\n" on stdout: sixteen times the bound (about 15 s)
 CLOSING = "the-last-line-of-the-job"
@@ -97,12 +96,7 @@ def test_a_detached_jobs_output_is_read_back_as_a_tail_not_whole(server: LocalSe
     spec = JobSpec(
         command=f"yes | head -c {printed}; echo {CLOSING}", template="small", timeout=60, result_path=None
     )
-    job = start_detached(client, spec)
-    assert not hasattr(job, "ok"), job
-    deadline = time.monotonic() + 60
-    while poll_detached(client, job.sandbox_id) is None:  # type: ignore[union-attr]
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    job = detached_started(client, spec, timeout=60)
     chunks: dict[str, list[str]] = {"stdout": [], "stderr": []}
     with RssWatch(os.getpid(), ceiling=256 * MiB) as watch:  # the server caps reads at 32 MiB
         outcome = finish_detached(client, spec, job, on_output=lambda s, c: chunks[s].append(c))  # type: ignore[arg-type]
