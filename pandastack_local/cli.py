@@ -193,9 +193,11 @@ def main(argv: list[str] | None = None) -> None:
 
         from pandastack_local.api.app import create_app
     except ImportError as exc:  # the base install is the adapters only; the server is an extra
+        from pandastack_workflows.install import install_line
+
         raise SystemExit(
-            f"pandastack-local: {exc.name or exc} is not installed. The server is an extra: "
-            "pip install 'pandastack-workflows[local]'"
+            f"pandastack-local: {exc.name or exc} is not installed. The server is the [local] extra: "
+            f"{install_line('local')} (beside a queue worker: [queue,local])"
         ) from None
 
     if taken := port_taken(args.host, args.port):

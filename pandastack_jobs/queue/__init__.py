@@ -3,7 +3,7 @@
 :class:`Consumer` drives any :class:`Transport`; :func:`open_transport` builds
 one from a URL (``redis://``, ``postgresql://``, ``amqp://``, ``sqs://``). Each
 transport's client library is imported only when its scheme is used
-(``pip install 'pandastack-workflows[queue]'``). docs/queues.md has the message format.
+(the ``[queue]`` extra: ``pip install '.[queue]'`` in a clone). docs/queues.md has the message format.
 """
 
 from __future__ import annotations

@@ -15,12 +15,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from pandastack_workflows.install import install_line
+
 from ..connection import ConnectionConfig
 from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
 
 EXAMPLES = """brokers:
-  redis://127.0.0.1:6379/0?stream=jobs&group=workers
+  redis://127.0.0.1:6379/0?stream=jobs&group=pandastack   (redis://:PASSWORD@host:6379/0?... with a password)
   postgresql://user@127.0.0.1:5432/db?queue=jobs&table=pandastack_queue
   amqp://guest:guest@127.0.0.1:5672/%2F?queue=jobs
   sqs://jobs?region=eu-west-1                (endpoint_url=... for an SQS-compatible server)
@@ -122,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pandastack-jobs: --broker: {exc} ({', '.join(SCHEMES)})", file=sys.stderr)
         return 2
     except ImportError as exc:
-        print(f"pandastack-jobs: {exc}: pip install 'pandastack-workflows[queue]'", file=sys.stderr)
+        print(
+            f"pandastack-jobs: {exc}: the brokers' clients are the [queue] extra: {install_line('queue')}",
+            file=sys.stderr,
+        )
         return 2
     try:
         transport.connect()
