@@ -35,7 +35,7 @@ from pandastack_local.config import generate_api_key
 from pandastack_local.harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-# The last commit before this session's hardening (issue 12) and templates (issue 13).
+# The commit the comparison starts from: before the hardening (issue 12) and the templates (issue 13).
 DEFAULT_BASE = "5319cd7"
 
 

@@ -1,7 +1,7 @@
 """Where the core's time over the raw SDK loop goes: one difference at a time, interleaved.
 
 Run: ``python -m benchmarks.breakdown [--rounds R --batch B]``. The core keeps three rails
-the seed's hand-written loop does not have, each for a reason:
+a hand-written SDK loop (benchmarks/overhead.py's (a)) does not have, each for a reason:
 
 - ``stream``: ``exec_stream`` (SSE) instead of ``exec``, so output reaches the
   engine's log while the job runs;

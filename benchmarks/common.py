@@ -2,7 +2,7 @@
 
 RSS comes from the one /proc walker of the tests, e2e and benchmarks, ``pandastack_local.testing.procs``.
 
-Every measurement runs the *same* small job (the seed's shape: input.json in,
+Every measurement runs the *same* small job (input.json in,
 result.json out) so that the numbers of different modules can be set side by side.
 Absolute times drift on a shared machine; the modules therefore report ratios
 measured in interleaved batches, and these helpers keep that bookkeeping in one place.

@@ -1,7 +1,7 @@
 """(2) Isolation cost: the same job as a subprocess of a shared worker vs one sandbox per job.
 
 Run: ``python -m benchmarks.isolation [--rounds R --batch B]``. The shared worker
-is the seed's "before" picture: one long-lived process that runs each job as a
+is the usual "before" picture: one long-lived process that runs each job as a
 child process in a scratch directory (no namespaces, no limits, no clean-up
 guarantee). The sandbox side is ``pandastack_jobs.run_job`` on pandastack-local.
 Both run the same interpreter (``/usr/bin/python3``, which the template binds).

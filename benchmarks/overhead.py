@@ -1,8 +1,9 @@
 """(1) Integration overhead: the same small job via the raw SDK, the core and the Airflow operator.
 
 Run in ``.venv-airflow``: ``python -m benchmarks.overhead [--rounds R --batch B]``.
-(a) is a hand-written loop on the ``pandastack`` SDK doing exactly the seed's five
-steps; (b) is ``pandastack_jobs.run_job``; (c) is ``PandaStackSandboxOperator.execute``
+(a) is a hand-written loop on the ``pandastack`` SDK doing the five steps of one job (create,
+write two files, exec, read, delete); (b) is ``pandastack_jobs.run_job``; (c) is
+``PandaStackSandboxOperator.execute``
 called directly with a minimal context (see :class:`BenchTaskInstance`). Batches
 of the three are interleaved with a rotating order so drift hits all of them.
 The Prefect task (d) lives in :mod:`benchmarks.prefect_overhead` (other venv).
@@ -38,7 +39,7 @@ TTL = JOB_TIMEOUT + 60
 
 
 def raw_sdk_job(client: pandastack.Client) -> Any:
-    """(a) The seed's loop, by hand: create → write two files → exec → read → delete in ``finally``."""
+    """(a) The plain SDK loop, by hand: create → write two files → exec → read → delete in ``finally``."""
     sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex})
     try:
         sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())

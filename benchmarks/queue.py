@@ -3,7 +3,7 @@ over ``run_job`` in a loop, and what chunks of K messages per sandbox gain.
 
 Run in ``.venv-airflow``: ``python -m benchmarks.queue [--n N --rounds R]``. It starts its
 own ``redis-server`` (:mod:`benchmarks.redis_server`) and ``pandastack_local``, and
-stops both. Every variant consumes the *same* N messages (the seed-shaped job of
+stops both. Every variant consumes the *same* N messages (the JSON job of
 :mod:`benchmarks.common`, in the ``pandastack-job/1`` format, four tenants) from a
 fresh stream of the same Redis and replies each result to the stream's reply stream:
 

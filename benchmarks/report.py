@@ -130,7 +130,7 @@ def overhead_section(targets: list[list[Any]]) -> str:
     ]  # fmt: skip
     return f"""## 1. Integration overhead: the same small job through each path
 
-The job (seed-shaped): write `input.json` (100 rows) and `run.py`, run `python3 run.py`, read
+The job: write `input.json` (100 rows) and `run.py`, run `python3 run.py`, read
 `result.json`, delete the sandbox. N = {o["n_per_variant"]} jobs per variant, in batches of
 {o["batch"]} whose order rotates every round ((a), (b) and (c) in one process on one server;
 (a), (t) and (d) in the Prefect venv on another, inside one flow run), after 2 warm-up jobs
@@ -211,7 +211,7 @@ between runs; the stable facts are the HTTP calls per job and the guest-side row
 - `stream`: `exec_stream` (SSE) instead of `exec`, so output reaches the task log while the job
   runs (the Airflow and Prefect live logs depend on it);
 - `guard`: the guest-side hard timeout (`cd /work && VAR=... exec timeout -s TERM -k 5 T sh -c
-  CMD`), because the server's exec timeout is not trusted (DESIGN.md): one `exec` of `timeout`
+  CMD`), because the server's exec timeout is not trusted: one `exec` of `timeout`
   and one fork of `sh` (the variables are the shell's prefix assignments: no `env` process);
 - `stat`: the old way to size-check the result, one extra round trip before the read.
 
@@ -410,7 +410,7 @@ def warm_section(targets: list[list[Any]]) -> str:
 
 The warm-up sleeps {w["warmup_s"]:g} s and writes its state (`/work/model.json`); the job reads
 it. pandastack-local's fork copies the parent's **disk** (memory is not copied, like the
-platform's cold fork), so the warm state lives on disk here; the seed's same-host fork
+platform's cold fork), so the warm state lives on disk here; the hosted platform's same-host fork
 ({SEED_FORK_MS} ms) also copies memory copy-on-write. Interleaved, one job per batch.
 
 {table(["how", "N", "p50 ms", "p99 ms", "mean ms"], rows)}
@@ -511,21 +511,21 @@ def local_server_section(targets: list[list[Any]]) -> str:
             verdict(wp["full"]["p50_ms"], 80),
         ],
     ]
-    return f"""## 5. Local server latency beside the seed's numbers
+    return f"""## 5. Local server latency beside the hosted platform's numbers
 
 `benchmarks/local_server.py` (issue 2's benchmark, run as a step of `make bench`): create,
 exec `true`, delete through the SDK over HTTP; N = {wp["n"]} with the server's warm pool of
 pre-started sandboxes (default), N = {cold["n"]} with the pool disabled (every create starts
 bwrap and the agent).
 
-{table(["op", "pool p50 ms", "pool p99 ms", "cold p50 ms", "cold p99 ms", "seed create p50 / p99 ms"], rows)}
+{table(["op", "pool p50 ms", "pool p99 ms", "cold p50 ms", "cold p99 ms", "hosted p50 / p99 ms"], rows)}
 
 {c["alive_at_once"]}/{c["sandboxes"]} sandboxes alive at once (all execs ok: {c["all_exec_ok"]}).
 `make bench` rewrites `results/local_server.json`; the table in docs/local-server.md is the
 dated issue-2 run and is not regenerated.
 
-**The isolation technology differs**, so these are not like for like: the seed's 179/203 ms is
-a Firecracker microVM restored from a snapshot (its own guest kernel, a hardware boundary);
+**The isolation technology differs**, so these are not like for like: the hosted platform's 179/203 ms is a
+Firecracker microVM restored from a snapshot (its own guest kernel, a hardware boundary);
 pandastack-local runs each sandbox as a bubblewrap process tree in its own PID, mount, IPC,
 UTS and network namespaces with cgroup limits, sharing the host kernel. It is the right tool
 for a laptop and CI, not a security boundary for hostile code in production (docs/local-server.md).
@@ -794,10 +794,10 @@ same run (N = {v["pool_create"]["n"]} per figure, {load_line(g)}). A gVisor cold
 template's boot image (a checkpoint of a freshly booted, never-used sandbox). Fork is bwrap's cold
 fork (a new sandbox + the parent's disk copied) against gVisor's checkpoint + restore (memory,
 processes and files copied). Memory is the sandbox's memory cgroup usage when idle; CPU is its
-processes' CPU time while one JSON job runs. The seed's column is PandaStack's Firecracker
+processes' CPU time while one JSON job runs. The hosted column is PandaStack's Firecracker
 microVMs (snapshot restore; same-host fork).
 
-{table(["figure", "bwrap", "gVisor", "seed (Firecracker)"], rows)}
+{table(["figure", "bwrap", "gVisor", "hosted (Firecracker)"], rows)}
 
 **runsc's floor, measured in this run** with nothing inside (`sleep` in an empty root, the
 server's flags, no agent): `runsc run --detach` {f["run"]["p50_ms"]} ms, `runsc checkpoint`
@@ -893,7 +893,7 @@ def queue_section() -> str:
 
 `benchmarks/queue.py` starts its own `redis-server` (no persistence, a free loopback port) and
 `pandastack_local`, and stops both. Every variant consumes the same {q["n"]} messages (the
-seed-shaped job above, `pandastack-job/1`, {q.get("tenants", 4)} tenants) from a fresh stream of that
+JSON job above, `pandastack-job/1`, {q.get("tenants", 4)} tenants) from a fresh stream of that
 Redis and replies each result to the stream's reply stream; a run's time ends at its last
 result out. The **shared worker** is the same `Consumer` (same receive, reply and ack) with the
 sandbox swapped for a host subprocess per message in a fresh temporary directory, so the gap

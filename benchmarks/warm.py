@@ -4,7 +4,7 @@ Run: ``python -m benchmarks.warm [--rounds R]``. The warm-up stands for "load a
 model / warm a dataset": it sleeps 2 s and writes its state to disk. On
 pandastack-local a fork copies the parent's *disk* (its memory is not copied,
 as with the real platform's cold fork), so the warm state must live on disk;
-the seed's same-host fork also copies memory copy-on-write. Create-per-job runs
+the hosted platform's same-host fork also copies memory copy-on-write. Create-per-job runs
 warm-up + job in a fresh sandbox each time; the pool pays the warm-up once
 (reported separately) and runs each job in a fork with ``WarmPool.run``.
 

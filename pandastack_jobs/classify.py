@@ -1,6 +1,6 @@
 """Failure classification: redeliver (retry in a fresh sandbox) or dead-letter (give up).
 
-The defaults are the DESIGN table. A failure that retrying cannot fix (a
+The defaults are ``_DEAD`` below. A failure that retrying cannot fix (a
 permanent exit code, a job that exits 0 but writes no valid result, bad
 credentials, a bad request, an unknown template) is dead-lettered; everything
 transient (a crash, a timeout, a lost sandbox, the network, capacity) is

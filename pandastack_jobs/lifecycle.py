@@ -1,6 +1,6 @@
 """The one sandbox lifecycle: create → deliver → exec under a hard timeout → collect → delete.
 
-Three rails, as in the seed: the guest-side timeout (the server's is not
+Three rails: the guest-side timeout (the server's is not
 trusted), a TTL backstop on every sandbox, and "ack only after the result is
 out": success means the result was read back, anything else is a classified
 failure. The sandbox is deleted in ``finally``, always; a failed delete after a

@@ -8,7 +8,7 @@ core's :mod:`.execstream`, which raise ``ExecInterrupted`` on a stream with no e
 (read, write, listdir, stat, with ``FileInfo`` parsing) and ``set_ttl``, and
 the SDK's own error mapping (a 5xx naming a timeout becomes ``SandboxTimeout``).
 A fake of the SDK's objects would drift from the SDK; a fake of its wire, as
-docs/local-server.md and ``shared/reference/pandastack-api.md`` describe it,
+docs/local-server.md and the local server's ``GET /openapi.json`` describe it,
 cannot.
 
 What a job does is scripted per command (:meth:`FakeClient.script`): its exit

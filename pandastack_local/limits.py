@@ -20,7 +20,7 @@ MiB = 1024 * KiB
 # Request bodies: a file upload (PUT fs), and every JSON body. Past them: 413.
 MAX_FILE_BODY_BYTES = 32 * MiB
 # An idle TTL and an exec timeout have ceilings: a TTL of 10**30 would be no TTL at all (only
-# persistent: true may mean that), and a timeout past a float's range was a 500.
+# persistent: true may mean that), and a timeout past a float's range cannot be waited on.
 MAX_TTL_SECONDS = 7 * 86400
 MAX_EXEC_TIMEOUT_SECONDS = 86400
 MAX_JSON_BODY_BYTES = 1 * MiB

@@ -1,4 +1,5 @@
-"""Classification defaults follow the DESIGN table and are configurable."""
+"""Classification defaults (pandastack_jobs/classify.py: dead-letter what retrying cannot fix,
+redeliver the rest) and their configuration."""
 
 from __future__ import annotations
 

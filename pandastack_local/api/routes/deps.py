@@ -86,7 +86,7 @@ def int_field(
 def check_text(value: str, field: str) -> str:
     """A client's string as the server can store, log and send back: valid Unicode. JSON lets a
     body carry a lone surrogate (``"x\\ud800"``), which has no UTF-8: refused here, with the
-    field's name, before anything is made (it used to become a 500 after the sandbox existed)."""
+    field's name, before anything is made (not a 500 after the sandbox exists)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
