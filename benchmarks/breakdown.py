@@ -26,18 +26,8 @@ from typing import Any
 
 import pandastack
 
-from benchmarks.common import (
-    EXPECTED,
-    JOB_CODE,
-    JOB_INPUT,
-    JOB_TIMEOUT,
-    TEMPLATE,
-    interleaved,
-    log,
-    machine,
-    summary,
-    write_json,
-)
+from benchmarks import common  # the one job every benchmark runs (common.JOB_CODE, ...)
+from benchmarks.common import interleaved, log, machine, summary, write_json
 from benchmarks.options import int_options
 from benchmarks.overhead import TTL, core_job, raw_sdk_job
 
@@ -49,22 +39,25 @@ def variant(client: pandastack.Client, *, stream: bool, guard: bool, stat: bool)
     command = "cd /work && python3 run.py"
     if guard:
         env = guest.job_env("/work/result.json", {})
-        command = guest.foreground_command("python3 run.py", JOB_TIMEOUT, env)
+        command = guest.foreground_command("python3 run.py", common.JOB_TIMEOUT, env)
 
     def run() -> Any:
         sb = client.sandboxes.create(
-            template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex}
+            template=common.TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex}
         )
         try:
-            sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())
-            sb.filesystem.write("/work/run.py", JOB_CODE.encode())
+            sb.filesystem.write("/work/input.json", json.dumps(common.JOB_INPUT).encode())
+            sb.filesystem.write("/work/run.py", common.JOB_CODE.encode())
             if stream:
                 chunks: list[str] = []
                 code = sb.exec_stream(
-                    command, on_stdout=chunks.append, on_stderr=chunks.append, timeout_seconds=JOB_TIMEOUT
+                    command,
+                    on_stdout=chunks.append,
+                    on_stderr=chunks.append,
+                    timeout_seconds=common.JOB_TIMEOUT,
                 )
             else:
-                code = sb.exec(command, timeout_seconds=JOB_TIMEOUT).exit_code
+                code = sb.exec(command, timeout_seconds=common.JOB_TIMEOUT).exit_code
             if code != 0:
                 raise RuntimeError(f"exit {code}")
             if stat:
@@ -72,7 +65,7 @@ def variant(client: pandastack.Client, *, stream: bool, guard: bool, stat: bool)
             result = json.loads(sb.filesystem.read("/work/result.json"))
         finally:
             client.sandboxes.delete(sb.id)
-        assert result == EXPECTED, result
+        assert result == common.EXPECTED, result
         return result
 
     return run
@@ -82,10 +75,9 @@ def unfolded_core_job(client: pandastack.Client) -> Any:
     """``run_job``'s rails with one round trip per step (a replaced exec step is never folded)."""
     from pandastack_jobs import JobRun, JobSpec
 
-    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
-    run = JobRun(client, spec)
+    run = JobRun(client, JobSpec(**common.JOB_OPTIONS))
     outcome = run.run(execute=run.execute)
-    assert outcome.ok and outcome.result == EXPECTED, outcome.reason
+    assert outcome.ok and outcome.result == common.EXPECTED, outcome.reason
     return outcome.result
 
 
@@ -97,17 +89,19 @@ def guest_wrapper_cost(client: pandastack.Client, rounds: int) -> dict[str, Any]
     from pandastack_jobs import guest
 
     env = guest.job_env("/work/result.json", {})
-    wrapped = guest.foreground_command("true", JOB_TIMEOUT, env)
+    wrapped = guest.foreground_command("true", common.JOB_TIMEOUT, env)
     trailer = guest.ResultTrailer("/work/result.json", 1024 * 1024)
-    folded = guest.job_script("true", JOB_TIMEOUT, env, {"/work/input.json": json.dumps(JOB_INPUT)}, trailer)
-    sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL)
+    folded = guest.job_script(
+        "true", common.JOB_TIMEOUT, env, {"/work/input.json": json.dumps(common.JOB_INPUT)}, trailer
+    )
+    sb = client.sandboxes.create(template=common.TEMPLATE, ttl_seconds=TTL)
     try:
-        sb.filesystem.write("/work/result.json", json.dumps(EXPECTED).encode())
+        sb.filesystem.write("/work/result.json", json.dumps(common.EXPECTED).encode())
         samples = interleaved(
             {
-                "exec_true": lambda: sb.exec("cd /work && true", timeout_seconds=JOB_TIMEOUT),
-                "exec_true_wrapped": lambda: sb.exec(wrapped, timeout_seconds=JOB_TIMEOUT),
-                "exec_true_folded": lambda: sb.exec(folded, timeout_seconds=JOB_TIMEOUT),
+                "exec_true": lambda: sb.exec("cd /work && true", timeout_seconds=common.JOB_TIMEOUT),
+                "exec_true_wrapped": lambda: sb.exec(wrapped, timeout_seconds=common.JOB_TIMEOUT),
+                "exec_true_folded": lambda: sb.exec(folded, timeout_seconds=common.JOB_TIMEOUT),
             },
             rounds,
             1,

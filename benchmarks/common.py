@@ -36,6 +36,13 @@ json.dump({"total": sum(data["rows"]), "n": len(data["rows"])},
 
 JOB_INPUT: dict[str, Any] = {"rows": list(range(100))}
 EXPECTED = {"total": sum(range(100)), "n": 100}
+# The job as job options (JobSpec's, the operator's, the task's).
+JOB_OPTIONS: dict[str, Any] = {
+    "command": "python3 run.py",
+    "files": {"run.py": JOB_CODE},
+    "input": JOB_INPUT,
+    "timeout": JOB_TIMEOUT,
+}
 
 
 def pct(values: list[float], p: float) -> float:

@@ -16,18 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    EXPECTED,
-    JOB_CODE,
-    JOB_INPUT,
-    JOB_TIMEOUT,
-    interleaved,
-    log,
-    machine,
-    ratio,
-    summary,
-    write_json,
-)
+from benchmarks import common  # the one job every benchmark runs (common.JOB_CODE, ...)
+from benchmarks.common import interleaved, log, machine, ratio, summary, write_json
 from benchmarks.options import int_options
 from benchmarks.overhead import core_job
 
@@ -38,22 +28,27 @@ def shared_worker_job() -> Any:
     """Deliver, run under a timeout, read back, scrub: all in the worker's own kernel namespace."""
     work = Path(tempfile.mkdtemp(prefix="bench-job-"))
     try:
-        (work / "input.json").write_text(json.dumps(JOB_INPUT))
-        (work / "run.py").write_text(JOB_CODE)
+        (work / "input.json").write_text(json.dumps(common.JOB_INPUT))
+        (work / "run.py").write_text(common.JOB_CODE)
         env = {
             "JOB_INPUT": str(work / "input.json"),
             "JOB_RESULT": str(work / "result.json"),
             "PATH": "/usr/bin:/bin",
         }
         proc = subprocess.run(
-            [PYTHON, "run.py"], cwd=work, env=env, timeout=JOB_TIMEOUT, capture_output=True, check=False
+            [PYTHON, "run.py"],
+            cwd=work,
+            env=env,
+            timeout=common.JOB_TIMEOUT,
+            capture_output=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.decode()[-1000:])
         result = json.loads((work / "result.json").read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    assert result == EXPECTED, result
+    assert result == common.EXPECTED, result
     return result
 
 

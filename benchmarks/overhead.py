@@ -20,37 +20,28 @@ from typing import Any
 
 import pandastack
 
-from benchmarks.common import (
-    EXPECTED,
-    JOB_CODE,
-    JOB_INPUT,
-    JOB_TIMEOUT,
-    TEMPLATE,
-    interleaved,
-    log,
-    machine,
-    ratio,
-    summary,
-    write_json,
-)
+from benchmarks import common  # the one job every benchmark runs (common.JOB_CODE, ...)
+from benchmarks.common import interleaved, log, machine, ratio, summary, write_json
 from benchmarks.options import int_options
 
-TTL = JOB_TIMEOUT + 60
+TTL = common.JOB_TIMEOUT + 60
 
 
 def raw_sdk_job(client: pandastack.Client) -> Any:
     """(a) The plain SDK loop, by hand: create → write two files → exec → read → delete in ``finally``."""
-    sb = client.sandboxes.create(template=TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex})
+    sb = client.sandboxes.create(
+        template=common.TEMPLATE, ttl_seconds=TTL, metadata={"job_id": uuid.uuid4().hex}
+    )
     try:
-        sb.filesystem.write("/work/input.json", json.dumps(JOB_INPUT).encode())
-        sb.filesystem.write("/work/run.py", JOB_CODE.encode())
-        r = sb.exec("cd /work && python3 run.py", timeout_seconds=JOB_TIMEOUT)
+        sb.filesystem.write("/work/input.json", json.dumps(common.JOB_INPUT).encode())
+        sb.filesystem.write("/work/run.py", common.JOB_CODE.encode())
+        r = sb.exec("cd /work && python3 run.py", timeout_seconds=common.JOB_TIMEOUT)
         if r.exit_code != 0:
             raise RuntimeError(r.stderr[-1000:])
         result = json.loads(sb.filesystem.read("/work/result.json"))
     finally:
         client.sandboxes.delete(sb.id)
-    assert result == EXPECTED, result
+    assert result == common.EXPECTED, result
     return result
 
 
@@ -58,9 +49,8 @@ def core_job(client: pandastack.Client) -> Any:
     """(b) The same job through the core's one lifecycle (no JobKey: no orphan reaping)."""
     from pandastack_jobs import JobSpec, run_job
 
-    spec = JobSpec(command="python3 run.py", files={"run.py": JOB_CODE}, input=JOB_INPUT, timeout=JOB_TIMEOUT)
-    outcome = run_job(client, spec)
-    assert outcome.ok and outcome.result == EXPECTED, outcome.reason
+    outcome = run_job(client, JobSpec(**common.JOB_OPTIONS))
+    assert outcome.ok and outcome.result == common.EXPECTED, outcome.reason
     return outcome.result
 
 
@@ -91,18 +81,12 @@ def airflow_variant(url: str, api_key: str) -> Callable[[], Any]:
     )
     from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 
-    operator = PandaStackSandboxOperator(
-        task_id="job",
-        command="python3 run.py",
-        files={"run.py": JOB_CODE},
-        input=JOB_INPUT,
-        timeout=JOB_TIMEOUT,
-    )
+    operator = PandaStackSandboxOperator(task_id="job", **common.JOB_OPTIONS)
 
     def run() -> Any:
         ti = BenchTaskInstance(run_id=f"bench__{uuid.uuid4().hex}")
         result = operator.execute({"ti": ti})  # type: ignore[arg-type]
-        assert result == EXPECTED and ti.xcoms["pandastack"]["ok"], result
+        assert result == common.EXPECTED and ti.xcoms["pandastack"]["ok"], result
         return result
 
     return run
@@ -137,15 +121,16 @@ def report(samples: dict[str, list[float]], base: str, batch: int = 1) -> dict[s
 
 
 def main() -> None:
-    args = int_options(rounds=6, batch=10)
     from pandastack_local import LocalServer
 
+    args = int_options(rounds=6, batch=10)
     with LocalServer() as server:
-        client = server.client()
+        client = server.client()  # one client for every job, as a worker has
+        airflow = airflow_variant(server.url, server.api_key)
         variants = {
             "a_raw_sdk": lambda: raw_sdk_job(client),
             "b_core": lambda: core_job(client),
-            "c_airflow": airflow_variant(server.url, server.api_key),
+            "c_airflow": airflow,
         }
         log(f"overhead: {args.rounds} rounds x {args.batch} jobs x {len(variants)} variants")
         samples = interleaved(variants, args.rounds, args.batch)

@@ -63,6 +63,9 @@ def task_runner(job: QueueJob, spec: JobSpec, run: Callable[[], JobOutcome]) -> 
     return seen[-1]
 
 
+# The settings are spelled out one by one, as in airflow_provider/operators/queue.py's operator:
+# Prefect builds the deployment's parameter schema (and its UI form) from this signature, so a
+# **settings pass-through would hide them; the defaults all come from CONSUMER_DEFAULTS.
 @flow(name="pandastack-queue-consumer", log_prints=True)
 def consume_queue(
     broker: str,

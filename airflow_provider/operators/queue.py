@@ -48,6 +48,10 @@ class PandaStackQueueOperator(BaseOperator):
     template_fields: Sequence[str] = ("broker", "defaults")
     ui_color = "#e8f4ff"
 
+    # Each consumer setting is its own keyword, as in prefect_blocks/queue.py's consume_queue: the
+    # engines need the names spelled out (Airflow renders and validates an operator's keywords in
+    # its UI and templating, Prefect builds a flow's parameter schema from its signature), so a
+    # **settings pass-through would hide them; the defaults all come from CONSUMER_DEFAULTS.
     def __init__(
         self,
         *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pendulum
 import pytest
@@ -11,19 +12,21 @@ from airflow.sdk import DAG
 from airflow_provider.operators.queue import PandaStackQueueOperator
 from e2e.procs import free_port
 from pandastack_jobs.queue import CONSUMER_DEFAULTS
-from tests.queue.batch import (
-    CHUNK_CONSUME,
-    CONSUME,
-    RESULTS,
-    check_chunk_results,
-    results,
-    send_batch,
-    send_chunk_batch,
-)
+from tests.queue import batch  # the batch every engine consumes (batch.CONSUME, batch.RESULTS, ...)
+from tests.queue.batch import check_chunk_results, results, send_batch, send_chunk_batch
 from tests.queue.brokers import Broker
 from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+
+def consumed(dag_id: str, broker_url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Run a DAG of one PandaStackQueueOperator on ``broker_url``; it succeeds; its summary (xcom)."""
+    with DAG(dag_id, schedule=None, start_date=START) as dag:
+        PandaStackQueueOperator(task_id="consume", broker=broker_url, **options)
+    dr = run_dag(dag)
+    assert task_instances(dr)[("consume", -1)].state == "success"
+    return xcom(dr, "consume")
 
 
 def test_a_batch_acks_after_results_redelivers_and_dead_letters(
@@ -33,13 +36,9 @@ def test_a_batch_acks_after_results_redelivers_and_dead_letters(
     queue,
 ):
     send_batch(broker, queue, b"{not json")
-    with DAG(f"ps_queue_{broker.name}", schedule=None, start_date=START) as dag:
-        PandaStackQueueOperator(task_id="consume", broker=broker.url(queue), **CONSUME)
-    dr = run_dag(dag)
-    assert task_instances(dr)[("consume", -1)].state == "success"
-    summary = xcom(dr, "consume")
+    summary = consumed(f"ps_queue_{broker.name}", broker.url(queue), batch.CONSUME)
     assert summary["acked"] == 2 and summary["redelivered"] == 1 and summary["dead_lettered"] == 2, summary
-    assert results(broker, queue) == RESULTS
+    assert results(broker, queue) == batch.RESULTS
     kinds = sorted(d["why"]["kind"] for d in broker.dead(queue))
     assert kinds == ["malformed", "permanent_exit_code"]
     assert (
@@ -63,11 +62,7 @@ def test_chunks_share_a_sandbox_per_key_and_ack_each_mate(airflow_env, local_ser
     share a sandbox, each acked on its own; a mate that fails is redelivered alone and acked; the
     keyless ones share one; no sandbox is left."""
     send_chunk_batch(broker, queue)
-    with DAG(f"ps_queue_chunks_{broker.name}", schedule=None, start_date=START) as dag:
-        PandaStackQueueOperator(task_id="consume", broker=broker.url(queue), **CHUNK_CONSUME)
-    dr = run_dag(dag)
-    assert task_instances(dr)[("consume", -1)].state == "success"
-    summary = xcom(dr, "consume")
+    summary = consumed(f"ps_queue_chunks_{broker.name}", broker.url(queue), batch.CHUNK_CONSUME)
     assert summary["acked"] == 6 and summary["redelivered"] == 1 and summary["dead_lettered"] == 0, summary
     check_chunk_results(broker, queue)
     assert local_server.client().sandboxes.list() == []

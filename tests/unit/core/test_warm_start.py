@@ -67,8 +67,7 @@ def test_the_pool_fills_to_size_with_labelled_short_ttl_standbys_running_the_run
 
 def test_take_hands_out_each_standby_once_and_the_pool_refills(fake: FakeClient) -> None:
     _runner_ready(fake)
-    pool = _pool(fake).start()
-    try:
+    with _pool(fake) as pool:
         _until(lambda: pool.ready == 2)
         first, second = pool.take(), pool.take()
         assert isinstance(first, Standby) and isinstance(second, Standby)
@@ -76,8 +75,6 @@ def test_take_hands_out_each_standby_once_and_the_pool_refills(fake: FakeClient)
         _until(lambda: pool.ready == 2)
         waiting = set(_standbys(fake)) - {first.sandbox_id, second.sandbox_id}
         assert len(waiting) == 2  # two new ones, the taken ones untouched
-    finally:
-        pool.close()
     # close() deleted the untaken standbys only: the taken ones belong to their jobs now.
     assert sorted(fake.live()) == sorted([first.sandbox_id, second.sandbox_id])
     assert pool.take() is None
@@ -86,8 +83,7 @@ def test_take_hands_out_each_standby_once_and_the_pool_refills(fake: FakeClient)
 
 def test_the_refill_waits_refill_delay_after_the_last_take(fake: FakeClient) -> None:
     _runner_ready(fake)
-    pool = _pool(fake, refill_delay=0.6).start()
-    try:
+    with _pool(fake, refill_delay=0.6) as pool:
         _until(lambda: pool.ready == 2)
         launches = lambda: len([c for c in fake.execs if "warm_runner.py" in c.command])  # noqa: E731
         assert launches() == 2
@@ -98,8 +94,6 @@ def test_the_refill_waits_refill_delay_after_the_last_take(fake: FakeClient) -> 
         assert launches() == 2 and pool.ready == 0  # no refill competes with the tries yet
         _until(lambda: pool.ready == 2)
         assert launches() == 4
-    finally:
-        pool.close()
 
 
 def test_optional_modules_reach_the_runner_and_the_key(fake: FakeClient) -> None:
@@ -115,18 +109,14 @@ def test_optional_modules_reach_the_runner_and_the_key(fake: FakeClient) -> None
 
 
 def test_take_returns_none_when_nothing_is_ready(fake: FakeClient) -> None:
-    pool = _pool(fake, size=0).start()
-    try:
+    with _pool(fake, size=0) as pool:
         assert pool.take() is None and pool.ready == 0
-    finally:
-        pool.close()
     assert fake.live() == []
 
 
 def test_a_standby_whose_runner_died_is_deleted_and_replaced(fake: FakeClient) -> None:
     _runner_ready(fake)
-    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
-    try:
+    with _pool(fake, size=1, refresh_seconds=0.05) as pool:
         _until(lambda: pool.ready == 1)
         (dead,) = _standbys(fake)
         fake.script(lambda cmd: "kill -0" in cmd and dead in fake.live(), exit_code=1)
@@ -134,49 +124,38 @@ def test_a_standby_whose_runner_died_is_deleted_and_replaced(fake: FakeClient) -
         assert dead in fake.deleted
         (fresh,) = _standbys(fake)
         assert fresh != dead
-    finally:
-        pool.close()
     assert fake.live() == []
 
 
 def test_a_standby_whose_sandbox_vanished_is_replaced(fake: FakeClient) -> None:
     _runner_ready(fake)
-    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
-    try:
+    with _pool(fake, size=1, refresh_seconds=0.05) as pool:
         _until(lambda: pool.ready == 1)
         (gone,) = _standbys(fake)
         fake.expire(gone)
         _until(lambda: pool.ready == 1 and gone not in pool.waiting())
         assert _standbys(fake) == pool.waiting()
-    finally:
-        pool.close()
     assert fake.live() == []
 
 
 def test_waiting_standbys_are_checked_which_refreshes_their_idle_ttl(fake: FakeClient) -> None:
     _runner_ready(fake)
-    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
-    try:
+    with _pool(fake, size=1, refresh_seconds=0.05) as pool:
         _until(lambda: pool.ready == 1)
         (sid,) = _standbys(fake)
         _until(lambda: sum(1 for c in fake.execs if c.sandbox_id == sid and "kill -0" in c.line) >= 2)
         assert pool.ready == 1 and _standbys(fake) == [sid]  # alive: kept
-    finally:
-        pool.close()
 
 
 def test_a_runner_that_fails_to_preload_is_deleted_and_reported(fake: FakeClient) -> None:
     fake.script(
         "warm_runner.py", files={STATE_PATH: json.dumps({"ready": False, "error": "No module named x"})}
     )
-    pool = _pool(fake, size=1).start()
-    try:
+    with _pool(fake, size=1) as pool:
         _until(lambda: pool.failures >= 1)
         assert pool.ready == 0
         assert pool.last_error is not None and "No module named x" in pool.last_error
         _until(lambda: not fake.live())  # the failed standby is deleted, not kept
-    finally:
-        pool.close()
     assert fake.live() == []
 
 
@@ -322,12 +301,9 @@ def test_a_check_the_server_cannot_answer_keeps_the_standby(fake: FakeClient) ->
     import pandastack
 
     _runner_ready(fake)
-    pool = _pool(fake, size=1, refresh_seconds=0.05).start()
-    try:
+    with _pool(fake, size=1, refresh_seconds=0.05) as pool:
         _until(lambda: pool.ready == 1)
         (sid,) = _standbys(fake)
         fake.fail("exec_stream", pandastack.ServerError("upstream hiccup"), match="kill -0", times=3)
         _until(lambda: not any(f.op == "exec_stream" for f in fake._failures))  # all three were hit
         assert pool.waiting() == [sid] and sid in fake.live()  # unknown is not dead
-    finally:
-        pool.close()
