@@ -8,7 +8,7 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-executor test-airflow-executor-stack test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -88,10 +88,15 @@ test-core: venvs templates
 # failing after the unit tests in its process) was not reproduced since; the split stays until it is.
 EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
-test-airflow: venvs templates
-	$(TIMED) test-airflow $(AF)/bin/python -m pytest -q tests/airflow \
+# Three make targets (one pytest process each, its own server and its own copy of the migrated
+# SQLite DB), so that `make -j` runs them side by side.
+test-airflow: test-airflow-provider test-airflow-executor test-airflow-executor-stack
+test-airflow-provider: venvs templates
+	$(TIMED) test-airflow-provider $(AF)/bin/python -m pytest -q tests/airflow \
 		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
+test-airflow-executor: venvs templates
 	$(TIMED) test-airflow-executor $(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
+test-airflow-executor-stack: venvs templates
 	$(TIMED) test-airflow-executor-stack $(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
 # The fuzz leg (issue 24): schemathesis against the served /openapi.json of a real LocalServer, every
@@ -120,7 +125,8 @@ test-nonroot: venvs templates
 # schedulers and servers far more than they use the CPU, and each is its own pytest process with
 # its own server, state dir, ports and cgroups. Longest first; each leg's output kept whole.
 TEST_JOBS ?= 3
-TEST_SUITES := test-server test-airflow test-nonroot test-prefect test-core test-fuzz
+TEST_SUITES := test-airflow-provider test-server test-nonroot test-prefect test-fuzz test-core \
+	test-airflow-executor-stack test-airflow-executor
 test-integration: venvs templates
 	$(MAKE) -j$(TEST_JOBS) --output-sync=target $(TEST_SUITES)
 
