@@ -8,11 +8,13 @@ AF := .venv-airflow
 PF := .venv-prefect
 PYTEST_ARGS ?=
 
-.PHONY: help wheel venvs templates runsc lint typecheck test test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-executor test-airflow-executor-stack test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
-	@echo "make test    lint, type-check and run every test in both environments"
+	@echo "make test-unit   the unit tier (fakes, no server): seconds"
+	@echo "make test-quick  unit tier, lint, types and the core against a real server: minutes"
+	@echo "make test    lint, type-check and run every test of both environments (docs/testing.md)"
 	@echo "make bench   run the benchmarks and regenerate benchmarks/RESULTS.md"
 	@echo "make wheel   build dist/pandastack_workflows-*.whl to install into an engine's image"
 
@@ -54,11 +56,29 @@ typecheck: venvs
 # airflow_provider.executors.testing.FakeSandboxDriver). No server, sandbox, template, root or
 # network: it needs only the venvs and runs in seconds. The core's files run in both venvs.
 test-unit: venvs
-	$(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow $(PYTEST_ARGS)
-	$(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
+	$(TIMED) test-unit-airflow $(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow $(PYTEST_ARGS)
+	$(TIMED) test-unit-prefect $(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
+
+# Which suite runs where, and why there (once per backend and privilege for the server's suites,
+# once for the core, each engine's in its venv): docs/testing.md. Each leg prints its time
+# (scripts/timed).
+TIMED := scripts/timed
 
 # tests/local/test_gvisor.py needs runsc: `make test-gvisor` runs it (after `make runsc`).
 NO_GVISOR := --ignore=tests/local/test_gvisor.py
+
+# The local server's suites (tests/local, tests/security) with bwrap, as the invoking user. The
+# server imports no engine: they run once per backend and privilege (here, test-nonroot,
+# test-gvisor), not once per engine venv.
+test-server: venvs templates
+	$(TIMED) test-server $(AF)/bin/python -m pytest -q tests/local tests/security $(NO_GVISOR) $(PYTEST_ARGS)
+
+# The core against a real server (tests/jobs) and the docs' promises (tests/docs), once: in the
+# Airflow venv (one docs test reads the executor's config block with Airflow). The one
+# engine-dependent file (tests/jobs/test_packaging.py: each adapter imports in its engine's venv)
+# also runs in test-prefect.
+test-core: venvs templates
+	$(TIMED) test-core $(AF)/bin/python -m pytest -q tests/jobs tests/docs $(PYTEST_ARGS)
 
 # The executor's tests get pytest processes of their own. One interference between them and
 # test_airflow_kill.py is found and fixed: the scheduler-stack fixture copied the live SQLite DB
@@ -68,20 +88,26 @@ NO_GVISOR := --ignore=tests/local/test_gvisor.py
 # failing after the unit tests in its process) was not reproduced since; the split stays until it is.
 EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test_airflow_executor_driver.py
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
-test-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/local tests/security tests/jobs tests/docs tests/airflow $(NO_GVISOR) \
+# Three make targets (one pytest process each, its own server and its own copy of the migrated
+# SQLite DB), so that `make -j` runs them side by side.
+test-airflow: test-airflow-provider test-airflow-executor test-airflow-executor-stack
+test-airflow-provider: venvs templates
+	$(TIMED) test-airflow-provider $(AF)/bin/python -m pytest -q tests/airflow \
 		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
-	$(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
-	$(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
+test-airflow-executor: venvs templates
+	$(TIMED) test-airflow-executor $(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
+test-airflow-executor-stack: venvs templates
+	$(TIMED) test-airflow-executor-stack $(AF)/bin/python -m pytest -q $(EXECUTOR_STACK_TEST) $(PYTEST_ARGS)
 
 # The fuzz leg (issue 24): schemathesis against the served /openapi.json of a real LocalServer, every
 # operation a bounded number of examples (PANDASTACK_FUZZ_EXAMPLES, default 100), all its checks but
 # "no 5xx" (the document lists the parity 500s): about a minute.
 test-fuzz: venvs templates
-	$(AF)/bin/python -m pytest -q tests/fuzz --timeout=300 $(PYTEST_ARGS)
+	$(TIMED) test-fuzz $(AF)/bin/python -m pytest -q tests/fuzz --timeout=300 $(PYTEST_ARGS)
 
+# Prefect's own suites, and the core's one engine-dependent file (see test-core).
 test-prefect: venvs templates
-	$(PF)/bin/python -m pytest -q tests/local tests/jobs tests/docs tests/prefect $(NO_GVISOR) $(PYTEST_ARGS)
+	$(TIMED) test-prefect $(PF)/bin/python -m pytest -q tests/prefect tests/jobs/test_packaging.py $(PYTEST_ARGS)
 
 # The local server's suites once more with the server run as an unprivileged user, created here
 # (root only; a non-root developer's server is already unprivileged). docs/local-server.md says
@@ -92,10 +118,24 @@ NONROOT_TMP ?= /tmp/pandastack-nonroot-tests
 test-nonroot: venvs templates
 	@if [ "$$(id -u)" != 0 ]; then echo "test-nonroot: already not root: tests/local ran unprivileged"; exit 0; fi; \
 	id -u $(NONROOT_USER) >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin $(NONROOT_USER); \
-	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(AF)/bin/python -m pytest -q tests/local tests/security \
+	PANDASTACK_LOCAL_SERVER_USER=$(NONROOT_USER) $(TIMED) test-nonroot $(AF)/bin/python -m pytest -q tests/local tests/security \
 		$(NO_GVISOR) --basetemp=$(NONROOT_TMP) $(PYTEST_ARGS)
 
-test: test-unit lint typecheck test-airflow test-fuzz test-prefect test-nonroot
+# The suites of `make test` after its fast checks, TEST_JOBS at a time: they wait on sandboxes,
+# schedulers and servers far more than they use the CPU, and each is its own pytest process with
+# its own server, state dir, ports and cgroups. Longest first; each leg's output kept whole.
+TEST_JOBS ?= 3
+TEST_SUITES := test-airflow-provider test-server test-nonroot test-prefect test-fuzz test-core \
+	test-airflow-executor-stack test-airflow-executor
+test-integration: venvs templates
+	$(MAKE) -j$(TEST_JOBS) --output-sync=target $(TEST_SUITES)
+
+test: test-unit lint typecheck
+	$(MAKE) test-integration
+
+# For a contributor: the unit tier, lint, types and the core against a real server (tests/jobs,
+# tests/docs), in a few minutes.
+test-quick: test-unit lint typecheck test-core
 
 # gVisor's runsc for `pandastack-local serve --isolation gvisor`, from Debian bookworm-backports
 # (the 2022 build in bookworm main breaks `ls`): the script derives the backports source from the
@@ -107,14 +147,14 @@ runsc:
 # The local server's suites again with every sandbox under gVisor (PANDASTACK_LOCAL_ISOLATION is
 # LocalServer's default backend, so each suite's server fixture follows it): tests/local (with
 # the gVisor backend's own tests/local/test_gvisor.py), tests/security and the hostile-job matrix
-# (core + Airflow files; the Prefect file runs the same core lifecycle in the other venv and is
-# left out to keep this leg under 10 min: 500 s here, beside other suites). Where a wall works
-# differently under gVisor the test states each backend's outcome; the redeliver/dead-letter
-# class never differs.
+# through the core (test_rel_core_*). The engine files (test_rel_airflow.py, test_rel_prefect.py)
+# translate the core's outcome, which the backend does not change: they run in test-reliability
+# (docs/testing.md). Where a wall works differently under gVisor the test states each backend's
+# outcome; the redeliver/dead-letter class never differs.
 test-gvisor: venvs templates runsc
-	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q tests/local tests/security $(PYTEST_ARGS)
-	PANDASTACK_LOCAL_ISOLATION=gvisor $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
-		--ignore=tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
+	PANDASTACK_LOCAL_ISOLATION=gvisor $(TIMED) test-gvisor-server $(AF)/bin/python -m pytest -q tests/local tests/security $(PYTEST_ARGS)
+	PANDASTACK_LOCAL_ISOLATION=gvisor $(TIMED) test-gvisor-reliability $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
+		--ignore=tests/reliability/test_rel_prefect.py --ignore=tests/reliability/test_rel_airflow.py $(PYTEST_ARGS)
 
 # Wire parity with the real PandaStack server (issue 13): our conformance tests through the SDK
 # and raw HTTP against a fresh pandastack-local.
@@ -125,17 +165,17 @@ test-gvisor: venvs templates runsc
 # runs them side by side (CI does).
 test-conformance: test-conformance-airflow test-conformance-prefect
 test-conformance-airflow: venvs templates
-	$(AF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
+	$(TIMED) test-conformance-airflow $(AF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
 test-conformance-prefect: venvs templates
-	$(PF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
+	$(TIMED) test-conformance-prefect $(PF)/bin/python -m pytest -q tests/conformance $(PYTEST_ARGS)
 
 # Hostile-job matrix and fault injection (docs/reliability.md): core + Airflow files in the Airflow
 # venv, the Prefect file in the Prefect venv. The soaks are marked slow: make test-soak.
 RELIABILITY_MARK ?= reliability and not slow
 test-reliability: venvs templates
-	$(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
+	$(TIMED) test-reliability-airflow $(AF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability \
 		--ignore=tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
-	$(PF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
+	$(TIMED) test-reliability-prefect $(PF)/bin/python -m pytest -q -m "$(RELIABILITY_MARK)" tests/reliability/test_rel_prefect.py $(PYTEST_ARGS)
 
 test-soak: venvs
 	$(MAKE) test-reliability RELIABILITY_MARK="reliability and slow"
@@ -147,13 +187,13 @@ test-soak: venvs
 # everything it started, whatever happens.
 .PHONY: test-queue
 test-queue: venvs templates
-	tests/queue/run.sh $(PYTEST_ARGS)
+	$(TIMED) test-queue tests/queue/run.sh $(PYTEST_ARGS)
 
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
 # Installs what is missing; stops everything it started, whatever happens.
 test-e2e: venvs templates
-	e2e/run.sh $(PYTEST_ARGS)
+	$(TIMED) test-e2e e2e/run.sh $(PYTEST_ARGS)
 
 # The floor engine versions (issue 25; README, "Engine versions"): Airflow 3.1 and 3.2 and Prefect
 # 3.6, each in a venv of its own under .venv-floors/, pinned by constraints/*.txt (pip freeze of a
@@ -175,9 +215,9 @@ $(FLOORS)/%/.installed: constraints/%.txt pyproject.toml
 	@touch $@
 
 test-floors: $(FLOORS)/airflow-3.1/.installed $(FLOORS)/airflow-3.2/.installed $(FLOORS)/prefect-3.6/.installed
-	$(FLOORS)/airflow-3.1/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
-	$(FLOORS)/airflow-3.2/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
-	$(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
+	$(TIMED) test-floors-airflow-3.1 $(FLOORS)/airflow-3.1/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
+	$(TIMED) test-floors-airflow-3.2 $(FLOORS)/airflow-3.2/bin/python -m pytest -q -p no:cacheprovider tests/floors $(PYTEST_ARGS)
+	$(TIMED) test-floors-prefect-3.6 $(FLOORS)/prefect-3.6/bin/python -m pytest -q -p no:cacheprovider tests/floors \
 		tests/prefect/test_prefect_newcomer.py $(PYTEST_ARGS)
 
 # The queue part needs the Redis client (the queue extra); demo/redis_server.py installs

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -48,6 +49,38 @@ MARKER = "built.json"
 ERROR_TAIL_LINES = 12
 # Build steps running now (a stopping server ends them: nothing outlives it).
 _RUNNING: set[subprocess.Popen[str]] = set()
+# Each build step runs under this guard, the leader of a process group of its own: the step and
+# whatever it starts (pip's build hooks, ``compileall -j 0``'s workers) are in that group. The
+# guard asks the kernel for SIGTERM when its parent thread (the server's build thread) dies, however
+# the server stops (SIGKILL included), and then kills the whole group; a server that closes kills
+# the group itself. Before, the server killed only the step, and its children lived on, orphaned.
+_GUARD = """
+import ctypes, os, signal, sys
+def kill_group(*_):
+    os.killpg(0, signal.SIGKILL)
+def kill_the_others():
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.getpgid(int(entry)) == os.getpid():
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+signal.signal(signal.SIGTERM, kill_group)
+ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # the server died before the line above
+    kill_group()
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+status = os.waitpid(pid, 0)[1]
+kill_the_others()  # what the step left running
+sys.exit(os.waitstatus_to_exitcode(status) % 256)
+"""
 
 Progress = Callable[[str], None]
 
@@ -226,7 +259,13 @@ def _run(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     tail: list[str] = []
     with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
+        _guarded(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
     ) as proc:
         assert proc.stdout is not None
         _RUNNING.add(proc)
@@ -236,6 +275,17 @@ def _run(
             _RUNNING.discard(proc)
     if proc.returncode != 0:
         raise TemplateBuildError(_failure_message(name, argv, tail, suspects))
+
+
+def _guarded(argv: list[str]) -> list[str]:
+    """``argv`` run by the group's guard (``_GUARD``): it dies with this process, and so does the step."""
+    return [sys.executable, "-I", "-c", _GUARD, str(os.getpid()), *argv]
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a build step's whole process group (the guard, the step and all it started)."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _stream(out: Iterable[str], name: str, progress: Progress, tail: list[str]) -> None:
@@ -300,15 +350,20 @@ def _relocate(venv: Path, progress: Progress, name: str) -> None:
 
 
 def _font_cache(tmp: Path, venv: Path, name: str, progress: Progress) -> None:
-    probe = subprocess.run([str(venv / "bin/python"), "-c", "import matplotlib"], capture_output=True)
+    probe = subprocess.run(
+        _guarded([str(venv / "bin/python"), "-c", "import matplotlib"]),
+        capture_output=True,
+        start_new_session=True,
+    )
     if probe.returncode != 0:
         return
     progress(f"template {name}: building matplotlib's font cache")
     cache = tmp / "mplcache"
     cache.mkdir()
     subprocess.run(
-        [str(venv / "bin/python"), "-c", "import matplotlib.font_manager"],
+        _guarded([str(venv / "bin/python"), "-c", "import matplotlib.font_manager"]),
         env={"PATH": BASE_PATH, "MPLCONFIGDIR": str(cache), "HOME": str(tmp)},
+        start_new_session=True,
         check=True,
         capture_output=True,
     )
@@ -393,5 +448,4 @@ class Builds:
         for task in self.tasks.values():
             task.cancel()
         for proc in list(_RUNNING):
-            with contextlib.suppress(OSError):
-                proc.kill()
+            _kill(proc)

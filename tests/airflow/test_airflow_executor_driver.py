@@ -169,7 +169,14 @@ def test_no_pandastack_key_in_the_sandbox(local_server: Any) -> None:
     handle = asyncio.run(driver.launch(_request(["sleep", "30"], env={"VISIBLE_MARKER": "marker-7"})))
     try:
         sb = local_server.client().sandboxes.get(handle.display_name)
-        environ = sb.exec("cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'", timeout_seconds=30).stdout
+        # The launch returns once the workload is started in the background: on a loaded machine
+        # it may not run yet. Polled until it does (the search must see the workload's env).
+        environ, deadline = "", time.monotonic() + 60
+        while "VISIBLE_MARKER=marker-7" not in environ and time.monotonic() < deadline:
+            environ = sb.exec(
+                "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'", timeout_seconds=30
+            ).stdout
+            time.sleep(0.2)
         assert "VISIBLE_MARKER=marker-7" in environ  # the search does see the workload's env
         assert key not in environ and "PANDASTACK" not in environ
         found = sb.exec(

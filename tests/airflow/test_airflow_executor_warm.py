@@ -1,6 +1,7 @@
 """A whole task try through a real Airflow scheduler with ``PandaStackExecutor`` and
 ``warm_pool_size = 1`` (SQLite, pandastack-local, the api-server): the try runs in a standby, under
-its runner, and succeeds; the scheduler's stop (the executor's ``end``) deletes the pool's standby.
+its runner, and succeeds, with none of the scheduler's secrets in its processes' environments;
+the scheduler's stop (the executor's ``end``) deletes the pool's standby.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ def test_a_try_runs_warm_in_a_standby_and_end_closes_the_pool(airflow_db: Path) 
         report = stack.rest("GET", path + "?deserialize=true")["value"]
         assert "warm_runner.py" in report["parent"], report  # the Task SDK ran in the runner's fork
         assert report["sandbox_id"] in standby  # in the standby that was waiting
+        # The standby's processes (its runner, the try) hold none of the scheduler's secrets.
+        haystack = "\n".join(report["environ"])
+        assert f"PYTHONPATH={REPO}" in haystack  # the search sees the section's env
+        for secret in (
+            stack.env["AIRFLOW__CORE__FERNET_KEY"],
+            stack.env["AIRFLOW__API_AUTH__JWT_SECRET"],
+            stack.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"],
+            stack.server.api_key,
+        ):
+            assert secret not in haystack
         (external,) = stack.query(
             "select external_executor_id from task_instance where dag_id=? and run_id=?", DAG_ID, run_id
         )[0]

@@ -128,7 +128,9 @@ def test_sigkilled_server_takes_every_sandbox_along_even_mid_create() -> None:
                 t.join(timeout=30)
             assert created, f"round {round_}: no create went through before the kill"
             assert caught, f"round {round_}: no create was caught mid-spawn"
-            time.sleep(10)
+            deadline = time.monotonic() + 10  # the promise: gone within 10 s; polled, not waited out
+            while sandbox_processes(server, below | caught) and time.monotonic() < deadline:
+                time.sleep(0.2)
             survivors.update(sandbox_processes(server, below | caught))
     finally:
         # What outlived its server is killed and reaped here (on today's code a restart would do it).

@@ -3,12 +3,18 @@ built from a requirements file, and their failures (a bad line, a package that c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,6 +180,74 @@ def test_failed_build_names_the_package_and_the_server_keeps_serving(
     assert not [p for p in (cache / "templates").glob("broken-*") if p.is_dir()]
     # Nothing else was built in that cache: builds happen when a template is first needed.
     assert not [p for p in (cache / "templates").iterdir() if p.is_dir()]
+
+
+# A local package whose build hook starts two children (as ``compileall -j 0`` starts its workers)
+# and then waits: a build that is still running when its server stops.
+SLOW_BACKEND = """
+import subprocess, sys, time
+def get_requires_for_build_wheel(config_settings=None):
+    for _ in range(2):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "{marker}"])
+    time.sleep(900)
+    return []
+build_wheel = get_requires_for_build_wheel
+"""
+
+
+def build_processes(marker: str) -> list[int]:
+    """The processes a template build started (by the marker on their command lines)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_server_stopped_mid_build_leaves_no_build_process(
+    make_local_server, private_cache, stop: str
+) -> None:
+    """The build runs in a process group of its own that dies with its server, however it stops:
+    before, its step's children (pip's build hooks, ``compileall -j 0``'s workers) were orphaned."""
+    marker = f"pandastack-slow-build-{uuid.uuid4().hex}"
+    package = Path(tempfile.mkdtemp(prefix="ps-slowpkg-"))
+    package.chmod(0o755)  # the unprivileged server's pip reads it
+    (package / "backend.py").write_text(SLOW_BACKEND.format(marker=marker))
+    (package / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+        '[project]\nname = "slowpkg"\nversion = "1"\n'
+    )
+    base = Path(tempfile.mkdtemp(prefix="ps-slowtpl-"))
+    try:
+        template = write_template(base / "slow", name="slow", requirements=[f"slowpkg @ file://{package}"])
+        server, _, _ = serve_with_private_cache(make_local_server, private_cache, template)
+        client = server.client(max_create_retry_seconds=0)
+
+        def create() -> None:  # starts the build; answered "still being built" or cut by the stop
+            with contextlib.suppress(Exception):
+                client.sandboxes.create(template="slow")
+
+        threading.Thread(target=create, daemon=True).start()
+        deadline = time.monotonic() + 120
+        while len(build_processes(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(build_processes(marker)) == 2, server.log_tail(40)
+        server.stop(graceful=stop == "sigterm")
+        deadline = time.monotonic() + 10
+        while build_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert build_processes(marker) == []
+    finally:
+        for pid in build_processes(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(package, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_unknown_template_is_the_real_servers_500(ps_client, local_server) -> None:

@@ -1,6 +1,7 @@
 """Run by PandaStackExecutor with ``warm_pool_size`` in tests/airflow/test_airflow_executor_warm.py:
-a plain task reporting which sandbox it ran in and what its parent process is (under a standby's
-runner the Task SDK's supervisor is the runner's fork, so its command line is the runner's)."""
+a plain task reporting which sandbox it ran in, what its parent process is (under a standby's
+runner the Task SDK's supervisor is the runner's fork, so its command line is the runner's) and
+every process's environment (the test searches it for the scheduler's secrets)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ def pandastack_executor_warm() -> None:
     @task
     def where() -> dict[str, str]:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        return {"sandbox_id": Path(SANDBOX_ID).read_text(), "parent": parent}
+        environ = []  # every process's environment: the standby's runner's and the try's
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    environ.append((entry / "environ").read_bytes().decode(errors="replace"))
+                except OSError:
+                    pass
+        return {"sandbox_id": Path(SANDBOX_ID).read_text(), "parent": parent, "environ": environ}
 
     where()
 
