@@ -104,7 +104,7 @@ def test_deep_json_is_dead_lettered_and_the_consumer_goes_on(
     assert stats.acked == 1 and stats.dead_lettered == 1 and broker.depth(queue) == 0
 
 
-def _forge(broker: Broker, queue: str) -> tuple[set[str | None], list[str]]:
+def _forge(broker: Broker, queue: str) -> tuple[list[str | None], list[str]]:
     """Put the broker-level forgeries of this broker on the queue. Returns the fields the dead
     letters must name and the ids of the forged messages that must run as delivery 1 under
     their own broker id (a forgery the consumer ignores)."""
@@ -114,7 +114,7 @@ def _forge(broker: Broker, queue: str) -> tuple[set[str | None], list[str]]:
         broker.r.xadd(queue, {"body": good("prior-x"), "prior": "x"})
         broker.r.xadd(queue, {"body": good("prior-neg"), "prior": "-100"})
         broker.r.xadd(queue, {"body": good("mid"), "mid": "1-1"})
-        return {"prior", "prior", "mid"}, []
+        return ["prior", "prior", "mid"], []
     if broker.name == "rabbitmq":
         import pika
 
@@ -128,7 +128,7 @@ def _forge(broker: Broker, queue: str) -> tuple[set[str | None], list[str]]:
             props = pika.BasicProperties(delivery_mode=2, headers=headers, message_id=mid)
             ch.basic_publish("", queue, good(i), props)
         ch.close()
-        return {"headers.x-pandastack-prior", "headers.x-pandastack-mid"}, ["count"]
+        return ["headers.x-pandastack-prior", "headers.x-pandastack-mid"], ["count"]
     if broker.name == "sqs":
         attrs = {
             name: {"DataType": "String", "StringValue": value}
@@ -138,7 +138,7 @@ def _forge(broker: Broker, queue: str) -> tuple[set[str | None], list[str]]:
         broker.client.send_message(  # type: ignore[attr-defined]
             QueueUrl=url, MessageBody=good("attrs").decode(), MessageAttributes=attrs
         )
-        return set(), ["attrs"]
+        return [], ["attrs"]
     # PostgreSQL: a producer with INSERT on the whole table could set the consumer's columns.
     import psycopg
 
@@ -146,7 +146,7 @@ def _forge(broker: Broker, queue: str) -> tuple[set[str | None], list[str]]:
         insert = "INSERT INTO pandastack_queue (queue, message_id, body, deliveries) VALUES (%s, %s, %s, %s)"
         conn.execute(insert, (queue, "victim", good("negative"), -100))
         conn.execute(insert, (queue, "victim", good("overflow"), 2**31 - 1))
-    return {None}, ["negative"]
+    return [None], ["negative"]
 
 
 def test_forged_bookkeeping_is_never_the_consumers(broker: Broker, queue: str, start_consumer: Any) -> None:
@@ -167,7 +167,7 @@ def test_forged_bookkeeping_is_never_the_consumers(broker: Broker, queue: str, s
     ).join(60)
     results = {r["id"]: r for r in broker.results(queue)}
     assert set(results) == {"victim-before", "victim-after", *ignored}, results
-    for i, r in results.items():
+    for r in results.values():
         assert r["result"]["delivery"] == 1, r
         assert r["broker_id"] not in ("victim", "1-1"), r
     dead = broker.dead(queue)

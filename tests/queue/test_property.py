@@ -160,13 +160,15 @@ def test_no_message_stops_the_consumer_and_every_good_one_settles_once(broker: B
     sent: list[str] = []
     producer = broker.transport(queue)
 
+    noise = st.lists(_noise(broker.name), min_size=1, max_size=4)
+
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(noise=st.lists(_noise(broker.name), min_size=1, max_size=4), good=st.integers(1, 3), data=st.data())
+    @given(noise=noise, good=st.integers(1, 3), data=st.data())
     def example(noise: list[dict[str, Any]], good: int, data: st.DataObject) -> None:
         ids = [f"good-{uuid.uuid4().hex[:12]}" for _ in range(good)]
         items: list[Any] = [*noise, *ids]
@@ -189,7 +191,7 @@ def test_no_message_stops_the_consumer_and_every_good_one_settles_once(broker: B
 
     try:
         example()
-        wait_for("the queue to empty", lambda: broker.depth(queue), timeout=60, interval=0.2, check=lambda n: n == 0)
+        wait_for("an empty queue", lambda: broker.depth(queue), timeout=60, check=lambda n: n == 0)
     finally:
         consumer.stop()
         running.join(60)
