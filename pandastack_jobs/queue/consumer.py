@@ -417,7 +417,9 @@ class Consumer:
 
         client = None
         try:
-            specs = [w.job.spec(self.transport.name, w.delivery.count) for w in works]
+            specs = [
+                w.job.spec(self.transport.name, w.delivery.count, self.transport.key_scope) for w in works
+            ]
 
             def wrap(i: int, run: Callable[[], JobOutcome]) -> JobOutcome:
                 return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
@@ -445,7 +447,7 @@ class Consumer:
 
     def _run_one(self, work: _Work) -> None:
         try:
-            spec = work.job.spec(self.transport.name, work.delivery.count)
+            spec = work.job.spec(self.transport.name, work.delivery.count, self.transport.key_scope)
 
             def run() -> JobOutcome:
                 client = self.connection.client()

@@ -62,13 +62,15 @@ class QueueJob:
     tenant: str | None
     broker_id: str = ""
 
-    def spec(self, queue: str, delivery: int) -> JobSpec:
+    def spec(self, queue: str, delivery: int, scope: str = "") -> JobSpec:
         """The job of delivery number ``delivery``: its key is the queue and the broker's id of the
         message (never the producer's ``id``), with the delivery as the try, so the next delivery
         of this very message reaps what a killed worker's attempt left and nothing else. The job
-        sees ``$QUEUE_MESSAGE_ID`` (the correlation id), ``$QUEUE_BROKER_ID`` and ``$QUEUE_DELIVERY``."""
+        sees ``$QUEUE_MESSAGE_ID`` (the correlation id), ``$QUEUE_BROKER_ID`` and ``$QUEUE_DELIVERY``.
+        ``scope``: :attr:`Transport.key_scope` (two tables' row 5 are two messages)."""
         broker_id = self.broker_id or self.message_id
-        key = JobKey(engine=Engine.QUEUE, workflow=queue, task="message", run=broker_id, try_number=delivery)
+        task = f"message@{scope}" if scope else "message"
+        key = JobKey(engine=Engine.QUEUE, workflow=queue, task=task, run=broker_id, try_number=delivery)
         meta = {"queue_message_id": self.message_id[:256], "queue_broker_id": broker_id[:256]}
         if self.tenant:
             meta["tenant"] = self.tenant[:256]

@@ -66,6 +66,7 @@ class PostgresTransport(Transport):
         self._results = sql.Identifier(f"{table}_results")
         self._ix = sql.Identifier(f"{table}_ready")
         self._table = table
+        self.key_scope = f"table={table}"
         self._conn: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:

@@ -67,6 +67,7 @@ class RedisStreamsTransport(Transport):
         self.stream = query.pop("stream", "pandastack-jobs")
         self.group = query.pop("group", "pandastack")
         self.name = self.stream
+        self.key_scope = f"db={(parts.path or '/0').strip('/') or '0'}"
         self.lease_seconds = lease_seconds
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._url = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))

@@ -73,6 +73,9 @@ class Transport(ABC):
     # How long a receive holds a message before the broker may hand it to someone else
     # (None: held until the connection ends, as RabbitMQ does).
     lease_seconds: float | None
+    # What else, beside ``name``, a broker id is unique within (PostgreSQL: the table, whose row
+    # ids restart in every table; Redis: the database): part of every job key.
+    key_scope: str = ""
 
     @abstractmethod
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:

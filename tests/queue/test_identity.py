@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 import pytest
@@ -195,3 +196,42 @@ def test_a_reply_carries_the_tenant_and_the_broker_id(
     assert len({r["broker_id"] for r in results}) == 2
     assert all(r["result"] == {"broker": r["broker_id"]} for r in results), results
     assert broker.depth(queue) == 0
+
+
+@pytest.mark.parametrize("broker", ["postgres"], indirect=True)
+def test_row_ids_of_two_tables_are_two_messages(
+    broker: Broker, queue: str, local_server: LocalServer
+) -> None:
+    """PostgreSQL row ids restart in every table: a queue of one name in two tables (two
+    products on one database, one PandaStack key) has a row 1 in each. The failing row 1 of one
+    table, redelivered, must not reap the running row 1 of the other (the key carries the table).
+    Seen failing before the key had the table: the victim ran twice."""
+    import psycopg
+
+    from pandastack_jobs import ConnectionConfig
+    from pandastack_jobs.queue import Consumer
+    from tests.queue.conftest import Running
+
+    tables = [f"t{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    conn = ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key)
+    forged = f'[ "$QUEUE_DELIVERY" -ge 2 ] || exit 1; {_result_job("other table")}'
+    runs = []
+    for table, body in zip(tables, (_result_job("genuine", sleep=4), forged), strict=True):
+        t = broker.transport(f"{queue}&table={table}")  # the fixture's URL ends in ?queue=...
+        t.send(_msg(body, id="order-1", tenant=table))
+        kw: dict[str, Any] = {"defaults": {"template": "base", "timeout": 30}, "release_delay": 0.2}
+        consumer = Consumer(broker.transport(f"{queue}&table={table}"), conn, poll_seconds=0.2, **kw)
+        runs.append(Running(consumer, lambda s: s.acked >= 1))
+        if not runs[1:]:
+            wait_for(
+                "the victim's sandbox", lambda: live_sandboxes(local_server, tenant=tables[0]), timeout=60
+            )
+    for r in runs:
+        r.join(90)
+    dsn = broker.url(queue).split("?")[0]
+    with psycopg.connect(dsn, autocommit=True) as db:
+        (victim,) = [json.loads(bytes(b)) for (b,) in db.execute(f"SELECT body FROM {tables[0]}_results")]
+        (other,) = [json.loads(bytes(b)) for (b,) in db.execute(f"SELECT body FROM {tables[1]}_results")]
+    assert victim["broker_id"] == other["broker_id"] == "1"  # the same row id in each table
+    assert victim["result"] == {"v": "genuine", "delivery": 1}, victim  # never reaped
+    assert other["result"] == {"v": "other table", "delivery": 2}, other

@@ -155,3 +155,9 @@ def test_metadata_the_consumer_writes_cannot_come_from_a_message() -> None:
         with pytest.raises(MessageError) as err:
             parse(_body(command="true", options={"metadata": {name: "x"}}), "1-0")
         assert err.value.field == f"options.metadata.{name}"
+
+
+def test_the_key_scope_separates_one_row_id_in_two_tables() -> None:
+    job = parse(_body(command="true"), "5")
+    a, b = job.spec("jobs", 2, "table=a"), job.spec("jobs", 2, "table=b")
+    assert a.key is not None and b.key is not None and a.key.job_id != b.key.job_id
