@@ -215,7 +215,8 @@ def run_queue_demo(redis_url: str, connection: ConnectionConfig, timeout: float 
             results.setdefault(doc["id"], []).append(doc)
         dead: dict[str, list[dict[str, Any]]] = {}
         for _, f in r.xrange(f"{STREAM}:dead"):
-            dead.setdefault(f[b"mid"].decode(), []).append(json.loads(f[b"why"]))
+            # The dead letter's mid is the broker's id; the producer's id is in the body.
+            dead.setdefault(json.loads(f[b"body"])["id"], []).append(json.loads(f[b"why"]))
         left = int(r.xlen(STREAM)) + int(r.zcard(f"{STREAM}:delayed"))
     finally:
         r.close()

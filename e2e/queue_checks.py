@@ -58,7 +58,7 @@ class Stream:
         r = self._r()
         try:
             for doc in docs:
-                r.xadd(self.name, {"body": json.dumps(doc), "mid": doc["id"]})
+                r.xadd(self.name, {"body": json.dumps(doc)})  # body only: other fields are refused
         finally:
             r.close()
 
@@ -73,7 +73,11 @@ class Stream:
         r = self._r()
         try:
             return [
-                {"id": f[b"mid"].decode(), "body": json.loads(f[b"body"]), "why": json.loads(f[b"why"])}
+                {
+                    "id": json.loads(f[b"body"])["id"],
+                    "body": json.loads(f[b"body"]),
+                    "why": json.loads(f[b"why"]),
+                }
                 for _, f in r.xrange(f"{self.name}:dead")
             ]
         finally:

@@ -3,6 +3,7 @@ dag-processor, triggerer and two Celery workers, against the local PandaStack se
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -200,7 +201,7 @@ def test_queue_dag_acks_after_results_and_redelivers_a_failed_message_to_the_nex
     assert dead["id"] == "poison" and dead["why"]["kind"] == "permanent_exit_code", dead
     assert "bad input" in dead["why"]["stderr_tail"] and dead["why"]["deliveries"] == 1, dead
     ((waiting, due),) = stream.delayed()
-    assert waiting["mid"] == "flaky" and waiting["prior"] == 1, waiting
+    assert json.loads(waiting["body"])["id"] == "flaky" and waiting["prior"] == 1, waiting
     assert stream.depth() == {"stream": 0, "pending": 0, "delayed": 1}
     time.sleep(max(0.0, due - time.time()))  # the next scheduled run would find it due
 

@@ -28,7 +28,7 @@ from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
 from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
-from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
+from .message import DEFAULT_MAX_MESSAGE_BYTES, MAX_JSON_DEPTH, MessageError, QueueJob, parse
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger(__name__)
@@ -135,12 +135,16 @@ def batch_done(max_messages: int, idle_seconds: float) -> Callable[[Stats], bool
 
 
 def reply_sink(transport: Transport) -> Sink:
-    """The default sink: a JSON reply on the transport's reply destination, carrying the message id
-    (so a reader can drop the rare duplicate of a result whose ack was lost)."""
+    """The default sink: a JSON reply on the transport's reply destination, carrying the
+    producer's correlation ``id``, its ``tenant`` and the broker's id of the message
+    (``broker_id``): two messages may share an ``id``, never a ``broker_id``, so a reader drops
+    the rare duplicate of a result whose ack was lost by ``broker_id``."""
 
     def sink(job: QueueJob, delivery: Delivery, outcome: JobOutcome) -> None:
         body = {
             "id": job.message_id,
+            "tenant": job.tenant,
+            "broker_id": delivery.message_id,
             "ok": True,
             "result": outcome.result,
             "delivery": delivery.count,
@@ -276,8 +280,7 @@ class Consumer:
                     room = free * self.chunk_size - len(self._pending)
                     if room > 0:
                         wait = 0.0 if self._pending else 0.2 if self._running else self.poll_seconds
-                        receive = functools.partial(self.transport.receive, room, wait)
-                        for delivery in self._broker(receive) or []:
+                        for delivery in self._receive(room, wait):
                             self._start(delivery)
                     self._launch(free)
                 else:
@@ -296,6 +299,19 @@ class Consumer:
             self.transport.close()
         return self.stats
 
+    def _receive(self, room: int, wait: float) -> list[Delivery]:
+        """The transport's receive; an error that is not the broker being down (a transport bug
+        on some entry) is logged and the loop goes on after a pause, never stopping."""
+        try:
+            got = self._broker(functools.partial(self.transport.receive, room, wait))
+        except BrokerUnavailable:
+            raise
+        except Exception:  # each transport confines a bad entry; this is the backstop
+            logger.exception("receive failed; pulling again in 1 s")
+            self._stop.wait(1.0)
+            return []
+        return list(got or [])
+
     def _extend_interval(self) -> float:
         lease = self.transport.lease_seconds
         return max(0.5, lease / 3) if lease else 30.0
@@ -309,8 +325,25 @@ class Consumer:
     # -- starting a message ----------------------------------------------------------------------
 
     def _start(self, delivery: Delivery) -> None:
+        """Parse and queue one delivery; whatever goes wrong with it stays with it (dead-lettered
+        with the reason), never stopping the loop."""
         self.stats.received += 1
         self.stats.last_activity = time.monotonic()
+        try:
+            self._start_one(delivery)
+        except BrokerUnavailable:
+            raise
+        except Exception as exc:  # a bug on one message must not stop the consumer
+            logger.exception("message %s could not be started; dead-lettering it", delivery.message_id)
+            reason = f"consumer error while starting the message: {type(exc).__name__}: {exc}"
+            self._dead_at_once(delivery, DeadLetter(reason[:4000], "consumer_error", None, delivery.count))
+
+    def _start_one(self, delivery: Delivery) -> None:
+        if delivery.malformed is not None:  # broker-level fields the transport does not accept
+            exc = MessageError(*delivery.malformed)
+            logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
+            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            return
         try:
             job = parse(
                 delivery.body,
@@ -322,6 +355,10 @@ class Consumer:
         except MessageError as exc:
             logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
             self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            return
+        except RecursionError:  # a bound missed (the depth scan should have refused it)
+            reason = f"body: nests too deeply to parse (the limit is {MAX_JSON_DEPTH}, MAX_JSON_DEPTH)"
+            self._dead_at_once(delivery, DeadLetter(reason, "malformed", "body", delivery.count))
             return
         if delivery.count > self.max_deliveries:
             reason = (
@@ -380,7 +417,9 @@ class Consumer:
 
         client = None
         try:
-            specs = [w.job.spec(self.transport.name, w.delivery.count) for w in works]
+            specs = [
+                w.job.spec(self.transport.name, w.delivery.count, self.transport.key_scope) for w in works
+            ]
 
             def wrap(i: int, run: Callable[[], JobOutcome]) -> JobOutcome:
                 return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
@@ -408,7 +447,7 @@ class Consumer:
 
     def _run_one(self, work: _Work) -> None:
         try:
-            spec = work.job.spec(self.transport.name, work.delivery.count)
+            spec = work.job.spec(self.transport.name, work.delivery.count, self.transport.key_scope)
 
             def run() -> JobOutcome:
                 client = self.connection.client()
@@ -462,6 +501,13 @@ class Consumer:
         except LeaseLost as exc:
             logger.warning("message %s: lease lost before it was settled (%s)", work.delivery.message_id, exc)
             self.stats.leases_lost += 1
+            return True
+        except BrokerUnavailable:
+            raise
+        except Exception:  # one message's settling must not stop the consumer
+            # Not acked: the broker hands it out again when its lease ends (its count goes up,
+            # so a message that always breaks settling ends as max_deliveries).
+            logger.exception("message %s could not be settled; left to the broker", work.delivery.message_id)
             return True
 
     def _settle_one(self, work: _Work) -> bool:
@@ -523,6 +569,10 @@ class Consumer:
             logger.warning(
                 "message %s: lease lost before it was dead-lettered (%s)", delivery.message_id, exc
             )
+        except BrokerUnavailable:
+            raise
+        except Exception:  # e.g. the dead-letter destination refused it
+            logger.exception("message %s could not be dead-lettered; left to the broker", delivery.message_id)
 
     # -- leases, drain, broker outages -----------------------------------------------------------
 

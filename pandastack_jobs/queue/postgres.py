@@ -5,6 +5,12 @@ lease``; ack, release, extend and dead-letter act only while the token is still
 the row's, so a consumer whose lease ran out cannot settle a row someone else
 now holds. Rows whose lease expired (a killed worker) are taken again, their
 ``deliveries`` counting up. Tables: ``<table>``, ``<table>_dead``, ``<table>_results``.
+
+A message's identity is its row id (a ``bigserial``: a producer cannot choose it); the
+``message_id`` column is the producer's and is never read as identity. ``deliveries``,
+``visible_at`` and ``lease`` are the consumer's: grant producers ``INSERT (queue, body,
+message_id)`` only (docs/queues.md); if one could write ``deliveries`` anyway, a receive clamps
+it to ``0..1,000,000`` first, so it can neither overflow the column nor go negative.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class PostgresTransport(Transport):
         self._results = sql.Identifier(f"{table}_results")
         self._ix = sql.Identifier(f"{table}_ready")
         self._table = table
+        self.key_scope = f"table={table}"
         self._conn: psycopg.Connection[Any] | None = None
 
     def connect(self) -> None:
@@ -97,11 +104,11 @@ class PostgresTransport(Transport):
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         query = sql.SQL(
-            "UPDATE {t} SET deliveries = deliveries + 1, lease = gen_random_uuid(),"
-            " visible_at = now() + make_interval(secs => %s)"
+            "UPDATE {t} SET deliveries = least(greatest(deliveries, 0), 1000000) + 1,"
+            " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
             " WHERE id IN (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
             "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " RETURNING id, coalesce(message_id, id::text), body, deliveries, lease"
+            " RETURNING id, id::text, body, deliveries, lease"
         ).format(t=self._t)
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -150,6 +157,7 @@ class PostgresTransport(Transport):
         )
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
+        """INSERT the message (``message_id`` goes to its column, the producer's: never identity)."""
         query = sql.SQL("INSERT INTO {t} (queue, message_id, body) VALUES (%s, %s, %s)").format(t=self._t)
         self._exec(query, (self.name, message_id, body))
 

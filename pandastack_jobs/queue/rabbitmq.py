@@ -1,19 +1,38 @@
-"""RabbitMQ through pika: manual acks on a quorum queue, delay queues, a dead-letter exchange.
+"""RabbitMQ through pika: manual acks on quorum queues, delay queues, a dead-letter exchange.
+
+AMQP has no broker-assigned message id, and everything on a message (properties,
+headers) is the producer's. So the consumer gives each message its identity once:
+it takes the message from the producers' queue ``<queue>``, publishes it to its
+own quorum queue ``<queue>.work`` with a consumer-assigned id and the count of
+earlier deliveries, signed (HMAC-SHA256 over the queue, the id, the count and the
+body's hash, with a key only consumers hold), and acks the original; every publish
+waits for the broker's confirm. A message on ``<queue>`` that carries an
+``x-pandastack-*`` header is dead-lettered naming it; one on ``<queue>.work``
+whose signature does not verify (a producer that could write there) likewise.
+The delivery count is the signed count plus the broker's ``x-delivery-count``.
 
 An unacked message stays with this consumer until it is acked or the channel
-closes (then RabbitMQ requeues it: a killed worker's messages come back by
-themselves), so there is no lease to extend; mind the broker's
-``consumer_timeout`` (30 min by default) for longer jobs. A release publishes
-the message (with its delivery count in a header) to ``<queue>.delay.<ms>``, a
-queue whose TTL dead-letters it back into ``<queue>``, then acks the original;
-every publish waits for the broker's confirm. Dead letters go to the exchange
-``<queue>.dlx`` (also the queue's own dead-letter exchange) bound to ``<queue>.dead``.
+closes (then RabbitMQ requeues it, stamp and all: a killed worker's messages come
+back by themselves, under the same id), so there is no lease to extend; mind the
+broker's ``consumer_timeout`` (30 min by default) for longer jobs. A release
+publishes the message, signed with its count, to ``<queue>.work.delay.<ms>``, a
+queue whose TTL dead-letters it back into ``<queue>.work``, then acks the
+original. Dead letters go to the exchange ``<queue>.dlx`` (also the queues' own
+dead-letter exchange) bound to ``<queue>.dead``.
+
+The signing key: ``secret=``, else ``$PANDASTACK_QUEUE_SECRET``, else the PandaStack API
+key (``$PANDASTACK_API_KEY``: every consumer holds it, no producer may), each run through
+HMAC with the queue's name.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import logging
+import os
+import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -22,7 +41,11 @@ import pika.exceptions
 
 from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
 
+logger = logging.getLogger(__name__)
+
 _ERRORS = (pika.exceptions.AMQPError, OSError)
+_MID, _PRIOR, _SIG = "x-pandastack-mid", "x-pandastack-prior", "x-pandastack-sig"
+_RESERVED_PREFIX = "x-pandastack-"
 _DELAYS_MS = (0, 1000, 2000, 5000, 10000, 30000, 60000, 300000, 900000, 3600000)
 
 
@@ -31,7 +54,7 @@ class RabbitMQTransport(Transport):
 
     lease_seconds = None
 
-    def __init__(self, url: str, lease_seconds: float | None = None) -> None:
+    def __init__(self, url: str, lease_seconds: float | None = None, secret: str | None = None) -> None:
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.name = query.pop("queue", "pandastack-jobs")
@@ -44,6 +67,12 @@ class RabbitMQTransport(Transport):
             f"{self.name}.dead",
             f"{self.name}.results",
         )
+        self.work_queue = f"{self.name}.work"
+        secret = secret or os.environ.get("PANDASTACK_QUEUE_SECRET") or os.environ.get("PANDASTACK_API_KEY")
+        self.signed = bool(secret)
+        self._key = hmac.new(
+            (secret or "").encode(), b"pandastack-queue-stamp\x1f" + self.name.encode(), "sha256"
+        ).digest()
         self._conn: pika.BlockingConnection | None = None
         self._ch: Any = None
         self._generation = 0
@@ -61,8 +90,15 @@ class RabbitMQTransport(Transport):
             ch.queue_declare(self.reply_queue, durable=True)
             args = {"x-queue-type": "quorum", "x-dead-letter-exchange": self.dlx}
             ch.queue_declare(self.name, durable=True, arguments=args)
+            ch.queue_declare(self.work_queue, durable=True, arguments=args)
         except _ERRORS as exc:
             raise BrokerUnavailable(f"RabbitMQ at {_safe(self._url)}: {_why(exc)}") from None
+        if not self.signed:
+            logger.warning(
+                "RabbitMQ: neither PANDASTACK_QUEUE_SECRET nor PANDASTACK_API_KEY is set: %s's stamps "
+                "are not secret, only its permissions keep producers out",
+                self.work_queue,
+            )
         self._conn, self._ch = conn, ch
         self._generation += 1
         self._delay_queues = set()
@@ -93,30 +129,88 @@ class RabbitMQTransport(Transport):
             self._call(self._conn.process_data_events, 0)
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        """Signed messages from ``<queue>.work`` first; when it is empty, move up to
+        ``max_messages`` from ``<queue>`` into it (each given its id), then read them back."""
         out: list[Delivery] = []
         waited = 0.0
+        moved = 0
         while len(out) < max_messages:
-            method, props, body = self._call(self._ch.basic_get, self.name, auto_ack=False)
-            if method is None:
-                if out or waited >= wait_seconds:
-                    break
-                self._call(self._conn.process_data_events, 0.1)  # type: ignore[union-attr]
-                waited += 0.1
+            method, props, body = self._call(self._ch.basic_get, self.work_queue, auto_ack=False)
+            if method is not None:
+                out.append(self._delivery(method.delivery_tag, props.headers, body))
                 continue
-            headers = props.headers or {}
-            count = int(headers.get("x-pandastack-prior", 0)) + int(headers.get("x-delivery-count", 0)) + 1
-            mid = props.message_id or headers.get("x-pandastack-mid") or hashlib.sha256(body).hexdigest()[:24]
-            out.append(
-                Delivery(str(mid), body, count, handle=method.delivery_tag, generation=self._generation)
-            )
+            if moved < max_messages:
+                method, props, body = self._call(self._ch.basic_get, self.name, auto_ack=False)
+                if method is not None:
+                    moved += 1
+                    bad = self._take(method.delivery_tag, props.headers, body)
+                    if bad is not None:
+                        out.append(bad)
+                    continue
+            if out or waited >= wait_seconds:
+                break
+            self._call(self._conn.process_data_events, 0.1)  # type: ignore[union-attr]
+            waited += 0.1
         return out
 
+    def _sign(self, mid: str, prior: int, body: bytes) -> str:
+        raw = f"{mid}\x1f{prior}\x1f".encode() + hashlib.sha256(body).digest()
+        return hmac.new(self._key, raw, "sha256").hexdigest()
+
+    def _stamp(self, mid: str, prior: int, body: bytes) -> dict[str, Any]:
+        return {_MID: mid, _PRIOR: prior, _SIG: self._sign(mid, prior, body)}
+
+    def _take(self, tag: int, headers: dict[str, Any] | None, body: bytes) -> Delivery | None:
+        """A producer's message: give it its id (publish it, signed, to the work queue; then ack
+        it here). One that carries consumer bookkeeping headers is returned to be dead-lettered."""
+        mid = uuid.uuid4().hex
+        names = sorted(str(k) for k in (headers or {}) if str(k).startswith(_RESERVED_PREFIX))
+        if names:
+            problem = "is consumer bookkeeping; a producer may not set it"
+            return Delivery(
+                mid,
+                body,
+                1,
+                handle=tag,
+                generation=self._generation,
+                malformed=(f"headers.{names[0]}", problem),
+            )
+        props = pika.BasicProperties(delivery_mode=2, headers=self._stamp(mid, 0, body))
+        self._call(self._ch.basic_publish, "", self.work_queue, body, props, mandatory=False)
+        self._call(self._ch.basic_ack, tag)
+        return None
+
+    def _delivery(self, tag: int, headers: dict[str, Any] | None, body: bytes) -> Delivery:
+        """A work-queue message: its id and count, if a consumer signed them (never raises)."""
+        h = headers or {}
+        mid, prior, sig = h.get(_MID), h.get(_PRIOR), h.get(_SIG)
+        try:
+            if not (
+                isinstance(mid, str)
+                and isinstance(prior, int)
+                and not isinstance(prior, bool)
+                and 0 <= prior < 1_000_000
+                and isinstance(sig, (str, bytes))
+                and hmac.compare_digest(self._sign(mid, prior, body).encode(), _as_bytes(sig))
+            ):
+                raise ValueError("unsigned")
+            count = h.get("x-delivery-count", 0)  # the broker's: set when it requeued the message
+            broker_count = count if isinstance(count, int) and 0 <= count < 1_000_000 else 0
+            return Delivery(mid, body, prior + broker_count + 1, handle=tag, generation=self._generation)
+        except Exception:  # noqa: BLE001 - confined to this message
+            problem = f"is not a consumer's signature: {self.work_queue} is written by consumers only"
+            logger.warning("message on %s without a valid stamp; dead-lettering it", self.work_queue)
+            return Delivery(
+                uuid.uuid4().hex,
+                body,
+                1,
+                handle=tag,
+                generation=self._generation,
+                malformed=(f"headers.{_SIG}", problem),
+            )
+
     def _publish(self, exchange: str, routing_key: str, delivery: Delivery, headers: dict[str, Any]) -> None:
-        props = pika.BasicProperties(
-            delivery_mode=2,
-            message_id=delivery.message_id,
-            headers={"x-pandastack-mid": delivery.message_id, **headers},
-        )
+        props = pika.BasicProperties(delivery_mode=2, message_id=delivery.message_id, headers=headers)
         self._call(self._ch.basic_publish, exchange, routing_key, delivery.body, props, mandatory=False)
 
     def ack(self, delivery: Delivery) -> None:
@@ -124,22 +218,22 @@ class RabbitMQTransport(Transport):
 
     def release(self, delivery: Delivery, delay_seconds: float) -> None:
         ms = next((d for d in _DELAYS_MS if d >= delay_seconds * 1000), _DELAYS_MS[-1])
-        target = self.name
+        target = self.work_queue
         if ms:
-            target = f"{self.name}.delay.{ms}"
+            target = f"{self.work_queue}.delay.{ms}"
             if ms not in self._delay_queues:
                 args = {
                     "x-message-ttl": ms,
                     "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.name,
+                    "x-dead-letter-routing-key": self.work_queue,
                 }
                 self._call(self._ch.queue_declare, target, durable=True, arguments=args)
                 self._delay_queues.add(ms)
-        self._publish("", target, delivery, {"x-pandastack-prior": delivery.count})
+        self._publish("", target, delivery, self._stamp(delivery.message_id, delivery.count, delivery.body))
         self.ack(delivery)
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
-        self._publish(self.dlx, "", delivery, {"x-pandastack-dead": why.to_json()})
+        self._publish(self.dlx, "", delivery, {_MID: delivery.message_id, "x-pandastack-dead": why.to_json()})
         self.ack(delivery)
 
     def extend(self, delivery: Delivery) -> None:
@@ -150,6 +244,8 @@ class RabbitMQTransport(Transport):
         self._call(self._ch.basic_publish, "", self.reply_queue, body, props)
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
+        """Publish to ``<queue>`` (``message_id`` is the AMQP property: the producer's, never
+        the message's identity)."""
         props = pika.BasicProperties(delivery_mode=2, message_id=message_id)
         self._call(self._ch.basic_publish, "", self.name, body, props)
 
@@ -158,6 +254,10 @@ def dead_reason(headers: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a dead-lettered message carries (empty for a broker-side reject)."""
     raw = (headers or {}).get("x-pandastack-dead")
     return json.loads(raw) if raw else {}
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def _why(exc: BaseException) -> str:

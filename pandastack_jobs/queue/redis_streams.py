@@ -3,15 +3,20 @@ consumer left, a ``<stream>:dead`` stream and a ``<stream>:results`` reply strea
 
 Streams have no delayed redelivery: a release moves the entry to a sorted set
 ``<stream>:delayed`` scored by its due time (in one MULTI with the XACK), and
-each receive moves the due ones back with a Lua script. The delivery count is
-the group's ``times_delivered`` plus what earlier entries of the message had.
-Without persistence (AOF or RDB) a Redis restart loses the stream: run Redis
-with ``appendonly yes`` for a queue.
+each receive moves the due ones back with a Lua script. A re-added entry gets a
+new entry id, so the message's identity (its first entry id) and what earlier
+entries of it were delivered live in the consumer-owned hash ``<stream>:ids``
+(new entry id -> ``{"mid", "prior"}``), written by the same script as the
+entry: an entry's own fields are the producer's, and an entry with any field
+but ``body`` is dead-lettered, naming it. The delivery count is the group's
+``times_delivered`` (the pending list) plus ``prior``. Without persistence (AOF
+or RDB) a Redis restart loses the stream: run Redis with ``appendonly yes``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -23,16 +28,33 @@ import redis
 
 from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
 
+logger = logging.getLogger(__name__)
+
+# KEYS: stream, delayed, ids. Re-add the due messages; each new entry's bookkeeping goes to the
+# consumer-owned hash in the same script (a producer can write entry fields, not that hash).
 _PROMOTE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 100)
 for _, m in ipairs(due) do
   if redis.call('ZREM', KEYS[2], m) == 1 then
     local d = cjson.decode(m)
-    redis.call('XADD', KEYS[1], '*', 'body', d.body, 'mid', d.mid, 'prior', d.prior)
+    local id = redis.call('XADD', KEYS[1], '*', 'body', d.body)
+    redis.call('HSET', KEYS[3], id, cjson.encode({mid = d.mid, prior = d.prior}))
   end
 end
 return #due
 """
+# KEYS: stream, ids. ARGV: group, entry id, body, mid, prior. Settle the entry and re-add the
+# message at once, its bookkeeping with it.
+_READD = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], ARGV[2])
+local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3])
+redis.call('HSET', KEYS[2], id, cjson.encode({mid = ARGV[4], prior = tonumber(ARGV[5])}))
+return id
+"""
+# The only field a producer's entry has: anything else was never the consumer's to trust.
+_ENTRY_FIELDS = frozenset({b"body"})
 _ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
@@ -45,11 +67,13 @@ class RedisStreamsTransport(Transport):
         self.stream = query.pop("stream", "pandastack-jobs")
         self.group = query.pop("group", "pandastack")
         self.name = self.stream
+        self.key_scope = f"db={(parts.path or '/0').strip('/') or '0'}"
         self.lease_seconds = lease_seconds
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._url = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in query.items())))
         self.dead_stream, self.reply_stream = f"{self.stream}:dead", f"{self.stream}:results"
         self._delayed = f"{self.stream}:delayed"
+        self._ids = f"{self.stream}:ids"
         self._r: redis.Redis | None = None
 
     # -- connection ------------------------------------------------------------------------------
@@ -68,6 +92,7 @@ class RedisStreamsTransport(Transport):
             raise BrokerUnavailable(f"Redis at {_safe(self._url)}: {exc}") from None
         self._r = r
         self._promote = r.register_script(_PROMOTE)
+        self._readd = r.register_script(_READD)
 
     def close(self) -> None:
         if self._r is not None:
@@ -89,13 +114,13 @@ class RedisStreamsTransport(Transport):
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         r = self._redis()
-        self._call(self._promote, keys=[self.stream, self._delayed], args=[time.time()])
+        self._call(self._promote, keys=[self.stream, self._delayed, self._ids], args=[time.time()])
         lease_ms = int((self.lease_seconds or 60) * 1000)
         # [next id, entries] (Redis 6.2), [next id, entries, deleted ids] (Redis 7)
         claimed = self._call(
             r.xautoclaim, self.stream, self.group, self.consumer, lease_ms, "0-0", count=max_messages
         )[1]
-        out = [self._delivery(eid, fields, claimed=True) for eid, fields in claimed if fields]
+        out = self._deliveries([(eid, fields) for eid, fields in claimed if fields], claimed=True)
         if len(out) < max_messages:
             got = self._call(
                 r.xreadgroup,
@@ -106,18 +131,43 @@ class RedisStreamsTransport(Transport):
                 block=max(1, int(wait_seconds * 1000)),
             )
             for _, entries in got or []:
-                out.extend(self._delivery(eid, fields, claimed=False) for eid, fields in entries)
+                out.extend(self._deliveries(entries, claimed=False))
         return out
 
-    def _delivery(self, eid: bytes, fields: dict[bytes, bytes], claimed: bool) -> Delivery:
-        times = 1
-        if claimed:
-            info = self._call(self._redis().xpending_range, self.stream, self.group, eid, eid, 1)
-            times = int(info[0]["times_delivered"]) if info else 1
+    def _deliveries(self, entries: list[tuple[bytes, dict[bytes, bytes]]], claimed: bool) -> list[Delivery]:
+        if not entries:
+            return []
+        books = self._call(self._redis().hmget, self._ids, [eid for eid, _ in entries])
+        pairs = zip(entries, books, strict=True)
+        return [self._delivery(eid, fields, book, claimed) for (eid, fields), book in pairs]
+
+    def _delivery(
+        self, eid: bytes, fields: dict[bytes, bytes], book: bytes | None, claimed: bool
+    ) -> Delivery:
+        """One entry as a delivery; nothing in it can raise out of receive()."""
         entry_id = eid.decode()
-        prior = int(fields.get(b"prior", b"0") or 0)
-        mid = fields.get(b"mid", b"").decode() or entry_id
-        return Delivery(mid, fields.get(b"body", b""), prior + times, handle=entry_id)
+        try:
+            times = 1
+            if claimed:
+                info = self._call(self._redis().xpending_range, self.stream, self.group, eid, eid, 1)
+                times = int(info[0]["times_delivered"]) if info else 1
+            mid, prior = entry_id, 0
+            if book is not None:
+                mid, prior = _book(book, entry_id)
+            body = fields.get(b"body", b"")
+            d = Delivery(mid, body, prior + times, handle=entry_id)
+            extra = sorted(set(fields) - _ENTRY_FIELDS)
+            if extra:
+                name = extra[0].decode("utf-8", "replace")[:64]
+                d.malformed = (name, "is not a stream entry field a producer may set (only body is read)")
+            return d
+        except BrokerUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - confined to this entry
+            logger.warning("stream entry %s could not be read (%s); dead-lettering it", entry_id, exc)
+            problem = f"could not be read: {type(exc).__name__}: {exc}"
+            body = fields.get(b"body", b"")
+            return Delivery(entry_id, body, 1, handle=entry_id, malformed=("entry", problem))
 
     def _settle(self, delivery: Delivery, *extra: tuple[str, Any]) -> None:
         """In one MULTI: the extra commands, then XACK and XDEL of the entry."""
@@ -126,19 +176,22 @@ class RedisStreamsTransport(Transport):
             getattr(pipe, name)(*args)
         pipe.xack(self.stream, self.group, delivery.handle)
         pipe.xdel(self.stream, delivery.handle)
+        pipe.hdel(self._ids, delivery.handle)
         self._call(pipe.execute)
 
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery)
 
     def release(self, delivery: Delivery, delay_seconds: float) -> None:
-        fields = {"body": delivery.body, "mid": delivery.message_id, "prior": str(delivery.count)}
+        try:
+            text = delivery.body.decode()
+        except UnicodeDecodeError:  # never ran (a job's body is UTF-8 JSON): back at once
+            delay_seconds = 0
         if delay_seconds <= 0:
-            self._settle(delivery, ("xadd", (self.stream, fields)))
+            args = [self.group, delivery.handle, delivery.body, delivery.message_id, delivery.count]
+            self._call(self._readd, keys=[self.stream, self._ids], args=args)
             return
-        member = json.dumps(
-            {"body": delivery.body.decode(), "mid": delivery.message_id, "prior": delivery.count}
-        )
+        member = json.dumps({"body": text, "mid": delivery.message_id, "prior": delivery.count})
         self._settle(delivery, ("zadd", (self._delayed, {member: time.time() + delay_seconds})))
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
@@ -155,8 +208,18 @@ class RedisStreamsTransport(Transport):
         self._call(r.xadd, self.reply_stream, {"body": body}, maxlen=1_000_000, approximate=True)
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
-        fields = {"body": body, **({"mid": message_id} if message_id else {})}
-        self._call(self._redis().xadd, self.stream, fields)
+        """XADD the body (the only field; ``message_id`` has no place on a stream entry: the
+        entry id is the message's identity)."""
+        self._call(self._redis().xadd, self.stream, {"body": body})
+
+
+def _book(raw: bytes, entry_id: str) -> tuple[str, int]:
+    """A ``<stream>:ids`` value: the message's first entry id and its earlier deliveries."""
+    doc = json.loads(raw)
+    mid, prior = doc.get("mid"), doc.get("prior")
+    if not isinstance(mid, str) or not mid or not isinstance(prior, int) or not 0 <= prior < 1_000_000:
+        raise ValueError(f"bookkeeping of {entry_id} is not {{mid, prior}}: {raw[:100]!r}")
+    return mid, prior
 
 
 def _safe(url: str) -> str:

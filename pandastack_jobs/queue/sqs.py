@@ -1,7 +1,9 @@
 """Amazon SQS through boto3: visibility timeout as the lease, ``ChangeMessageVisibility`` to extend
 it or to delay a redelivery, ``DeleteMessage`` as the ack, a DLQ with a redrive policy.
 
-``ApproximateReceiveCount`` is the delivery count. The redrive policy's
+A message's identity is the ``MessageId`` SQS gave its send (a release only changes its
+visibility, so it keeps it); the delivery count is ``ApproximateReceiveCount``. Message
+attributes are the producer's and are never read. The redrive policy's
 ``maxReceiveCount`` is a backstop for a message that kills every consumer
 before it can be dead-lettered with a reason; the consumer dead-letters first
 (with the reason) when the policy is ``max_deliveries + 1``. Tested against
@@ -11,6 +13,7 @@ moto's server, not against AWS.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from typing import Any
@@ -21,6 +24,8 @@ import botocore.config
 import botocore.exceptions
 
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+
+logger = logging.getLogger(__name__)
 
 _ERRORS = (
     botocore.exceptions.EndpointConnectionError,
@@ -101,15 +106,7 @@ class SQSTransport(Transport):
             VisibilityTimeout=math.ceil(self.lease_seconds or 30),
             AttributeNames=["ApproximateReceiveCount"],
         )
-        out = [
-            Delivery(
-                m["MessageId"],
-                m["Body"].encode(),
-                int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
-                handle=m["ReceiptHandle"],
-            )
-            for m in got.get("Messages", [])
-        ]
+        out = [d for d in (_delivery(m) for m in got.get("Messages", [])) if d is not None]
         if not out and wait_seconds < 1:
             time.sleep(max(0.0, wait_seconds - (time.monotonic() - started)))
         return out
@@ -143,4 +140,20 @@ class SQSTransport(Transport):
         self._call("send_message", QueueUrl=self.urls["results"], MessageBody=body.decode())
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
+        """SendMessage (``message_id`` has no place: SQS gives the message its ``MessageId``)."""
         self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=body.decode("utf-8", "replace"))
+
+
+def _delivery(m: dict[str, Any]) -> Delivery | None:
+    """One received message as a delivery (never raises: a message SQS returned without what a
+    delivery needs is logged and left to its visibility timeout and the redrive policy)."""
+    try:
+        count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+        return Delivery(
+            str(m["MessageId"]), str(m["Body"]).encode(), max(count, 1), handle=m["ReceiptHandle"]
+        )
+    except Exception as exc:  # noqa: BLE001 - confined to this message
+        logger.warning(
+            "SQS message %s could not be read (%s); left to the redrive policy", m.get("MessageId"), exc
+        )
+        return None

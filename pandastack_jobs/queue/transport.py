@@ -30,8 +30,13 @@ class LeaseLost(PandaStackJobsError):
 class Delivery:
     """One delivery of one message. ``count`` is 1 on the first delivery, 2 on the next, ...
 
-    ``message_id`` is the broker's stable id of the message (the same on every
-    delivery); ``handle`` is whatever the transport needs to ack it.
+    ``message_id`` is the BROKER's identity of the message: the same on every delivery (also
+    across a transport's own delayed re-publish), unique per message in its queue, and never
+    taken from anything a producer can write; it names, reaps and fences the message's
+    sandboxes. ``count`` comes from the broker or from a structure only consumers write.
+    ``handle`` is whatever the transport needs to ack it. ``malformed``: ``(field, problem)``
+    when the transport found something a producer may not set (a consumer bookkeeping field or
+    header): the consumer dead-letters the message, kind ``malformed``, naming that field.
     """
 
     message_id: str
@@ -40,6 +45,7 @@ class Delivery:
     handle: Any = None
     generation: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    malformed: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class Transport(ABC):
     # How long a receive holds a message before the broker may hand it to someone else
     # (None: held until the connection ends, as RabbitMQ does).
     lease_seconds: float | None
+    # What else, beside ``name``, a broker id is unique within (PostgreSQL: the table, whose row
+    # ids restart in every table; Redis: the database): part of every job key.
+    key_scope: str = ""
 
     @abstractmethod
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:

@@ -296,7 +296,8 @@ class RabbitMQ(Broker):
     def depth(self, queue: str) -> int:
         ch = self._channel()
         total = 0
-        names = [queue] + [f"{queue}.delay.{ms}" for ms in (1000, 2000, 5000, 10000, 30000)]
+        delays = [f"{queue}.work.delay.{ms}" for ms in (1000, 2000, 5000, 10000, 30000)]
+        names = [queue, f"{queue}.work", *delays]
         for name in names:
             try:
                 total += ch.queue_declare(name, passive=True).method.message_count

@@ -29,6 +29,9 @@ TRANSPORTS = list(KINDS)
 # Small jobs on the base template, short leases: the whole suite stays within minutes.
 DEFAULTS = {"template": "base", "timeout": 30}
 LEASE = 2.0
+# The RabbitMQ transport signs its work queue's stamps with this (else with the API key): the
+# in-process transports and the subprocess workers (which inherit the environment) share it.
+os.environ.setdefault("PANDASTACK_QUEUE_SECRET", f"test-{uuid.uuid4().hex}")
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,11 @@ if ((${#need_apt[@]})); then
   # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
   apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/dev/null; then
+if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis' 2>/dev/null; then
   echo "test-queue: installing the queue extra into $AF"
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
 fi
-if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server' 2>/dev/null; then
+if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis' 2>/dev/null; then
   echo "test-queue: installing the queue extra into $PF"
   "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,test,queue]'
 fi

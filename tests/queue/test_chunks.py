@@ -194,7 +194,7 @@ def test_a_worker_sigkilled_mid_chunk_leaves_nothing_behind(
     worker = spawn_worker("--concurrency", "1", "--chunk-size", "4", "--max-deliveries", "3")
     wait_for("s0 acked", worker.text, timeout=60, interval=0.1, check=lambda text: " acked 1 " in text)
     (chunk,) = live_sandboxes(local_server, job_workflow=queue)  # s1 sleeps in it now
-    assert chunk.metadata["job_run"] == "s0" and chunk.metadata["queue_chunk_size"] == "4"
+    assert chunk.metadata["queue_message_id"] == "s0" and chunk.metadata["queue_chunk_size"] == "4"
     worker.signal(signal.SIGKILL)
     worker.wait(10)
     assert [sb.id for sb in live_sandboxes(local_server, job_workflow=queue)] == [chunk.id]  # left behind

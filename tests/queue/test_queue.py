@@ -223,17 +223,20 @@ def test_worker_sigkill_mid_job(
     broker.transport(queue).send(message(echo_job(3), id="victim"))
     first = spawn_worker("--concurrency", "1")
     (orphan,) = wait_for(
-        "the job's sandbox", lambda: live_sandboxes(local_server, job_run="victim"), timeout=60, interval=0.1
+        "the job's sandbox",
+        lambda: live_sandboxes(local_server, queue_message_id="victim"),
+        timeout=60,
+        interval=0.1,
     )
     first.signal(signal.SIGKILL)
     first.wait(10)
-    assert live_sandboxes(local_server, job_run="victim")  # the killed worker's sandbox is left
+    assert live_sandboxes(local_server, queue_message_id="victim")  # the killed worker's sandbox is left
     second = spawn_worker("--concurrency", "1")
     (result,) = wait_results(broker, queue, 1, timeout=90)
     assert result["result"] == {"id": "victim", "delivery": 2}
     wait_for(
         "no sandbox of the message",
-        lambda: live_sandboxes(local_server, job_run="victim"),
+        lambda: live_sandboxes(local_server, queue_message_id="victim"),
         timeout=30,
         check=lambda sbs: sbs == [],
     )
@@ -320,7 +323,7 @@ def test_sigterm_while_the_broker_is_down(
     w = spawn_worker("--concurrency", "1", "--drain", "2")
     wait_for(
         "the job's sandbox",
-        lambda: live_sandboxes(local_server, job_run="stranded"),
+        lambda: live_sandboxes(local_server, queue_message_id="stranded"),
         timeout=60,
         interval=0.1,
     )
@@ -333,7 +336,7 @@ def test_sigterm_while_the_broker_is_down(
         assert w.wait(30) == 3, w.text()
         assert time.monotonic() - started < 15
         assert "lost the broker while stopping" in w.text()
-        assert live_sandboxes(local_server, job_run="stranded") == []
+        assert live_sandboxes(local_server, queue_message_id="stranded") == []
     finally:
         broker.up()
     t = broker.transport(queue)
@@ -359,4 +362,4 @@ def test_a_message_delivered_past_max_deliveries_is_dead_lettered_before_it_runs
     assert dead["why"]["kind"] == "max_deliveries" and dead["why"]["deliveries"] == 3, dead["why"]
     assert "over max_deliveries=2" in dead["why"]["reason"]
     assert stats.acked == 0 and broker.results(queue) == [] and broker.depth(queue) == 0
-    assert live_sandboxes(local_server, job_run="crasher") == []
+    assert live_sandboxes(local_server, queue_message_id="crasher") == []

@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 
 from pandastack_jobs.queue import DeadLetter, MessageError, parse
+from pandastack_jobs.queue.message import MAX_JSON_DEPTH, json_depth
 
 
 def _body(**doc: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
-def test_a_full_message_becomes_a_job_keyed_by_its_id_and_delivery() -> None:
+def test_a_full_message_becomes_a_job_keyed_by_its_broker_id_and_delivery() -> None:
     raw = base64.b64encode(b"\x00\x01").decode()
     job = parse(
         _body(
@@ -32,9 +33,13 @@ def test_a_full_message_becomes_a_job_keyed_by_its_id_and_delivery() -> None:
     spec = job.spec("jobs", 3)
     assert job.message_id == "order-7" and spec.timeout == 9 and spec.template == "base"
     assert spec.files["/work/blob.bin"] == b"\x00\x01" and spec.input == {"n": 1}
-    assert spec.key is not None and spec.key.run == "order-7" and spec.key.try_number == 3
+    # The key is the broker's id of the message (the producer's id is only a correlation id).
+    assert spec.key is not None and spec.key.run == "broker-id" and spec.key.try_number == 3
     assert spec.env["QUEUE_DELIVERY"] == "3" and spec.env["QUEUE_MESSAGE_ID"] == "order-7"
-    assert spec.sandbox_metadata()["tenant"] == "acme"
+    assert spec.env["QUEUE_BROKER_ID"] == "broker-id"
+    meta = spec.sandbox_metadata()
+    assert meta["tenant"] == "acme" and meta["queue_message_id"] == "order-7"
+    assert meta["queue_broker_id"] == "broker-id"
     assert parse(_body(command="true"), "1700-0").message_id == "1700-0"  # the broker's id
 
 
@@ -116,3 +121,43 @@ def test_a_dead_letters_record_is_its_fields_in_order() -> None:
     }
     assert why.as_dict() == expected and list(why.as_dict()) == list(expected)
     assert why.to_json() == json.dumps(expected)
+
+
+def test_two_messages_with_one_id_have_two_keys() -> None:
+    """Same producer id (any tenant), two broker ids: two job ids, so reaping one delivery's
+    earlier attempts can never touch the other's sandboxes."""
+    a = parse(_body(id="order-42", command="true", tenant="victim"), "1-0").spec("jobs", 2)
+    b = parse(_body(id="order-42", command="true", tenant="attacker"), "2-0").spec("jobs", 2)
+    assert a.key is not None and b.key is not None and a.key.job_id != b.key.job_id
+
+
+@pytest.mark.parametrize("levels", [65, 5_000, 200_000])
+def test_nesting_past_the_depth_limit_is_refused_before_parsing(levels: int) -> None:
+    body = b'{"command": "true", "input": ' + b"[" * levels + b"]" * levels + b"}"
+    with pytest.raises(MessageError) as err:
+        parse(body, "1-0")
+    assert err.value.field == "body" and "MAX_JSON_DEPTH" in str(err.value)
+
+
+def test_nesting_up_to_the_limit_and_brackets_in_strings_pass() -> None:
+    deep: Any = []
+    for _ in range(MAX_JSON_DEPTH - 3):  # with the message object and "input": the limit exactly
+        deep = [deep]
+    text = '[[[["\\ {{{{ \\\\'
+    job = parse(_body(command="true", input={"deep": deep, "text": text}), "1-0")
+    assert job.input["text"] == text
+    assert json_depth(_body(command="true", input={"deep": deep}), 1000) == MAX_JSON_DEPTH
+    assert json_depth(b"[" * 10_000, 64) == 65  # stops counting once past the limit
+
+
+def test_metadata_the_consumer_writes_cannot_come_from_a_message() -> None:
+    for name in ("queue_broker_id", "queue_chunk_job_abc", "tenant"):
+        with pytest.raises(MessageError) as err:
+            parse(_body(command="true", options={"metadata": {name: "x"}}), "1-0")
+        assert err.value.field == f"options.metadata.{name}"
+
+
+def test_the_key_scope_separates_one_row_id_in_two_tables() -> None:
+    job = parse(_body(command="true"), "5")
+    a, b = job.spec("jobs", 2, "table=a"), job.spec("jobs", 2, "table=b")
+    assert a.key is not None and b.key is not None and a.key.job_id != b.key.job_id
