@@ -355,6 +355,11 @@ class FakeClient(pandastack.Client):
         with self._lock:
             self._failures.append(_Failure(op, error, _matcher(match), times))
 
+    def heal(self) -> None:
+        """Forget every failure :meth:`fail` set up (the server is back)."""
+        with self._lock:
+            self._failures.clear()
+
     def refuse_capacity(self, *, times: int = 1, retry_after: float | None = 5.0) -> None:
         """The next ``times`` creates are refused as the hosted scheduler refuses them (503
         ``no compute capacity available``); ``on_create_retry`` sees ``retry_after`` first when
