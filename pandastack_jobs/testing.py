@@ -367,6 +367,9 @@ class FakeClient(pandastack.Client):
         error = pandastack.ServerError("no compute capacity available")
         error.fake_retry_after = retry_after  # type: ignore[attr-defined]
         error.fake_status = 503  # type: ignore[attr-defined]
+        # On the wire the scheduler's 503 always says Retry-After: 5; ``retry_after=None`` is a
+        # refusal whose wait the SDK's retry event did not see (no budget).
+        error.fake_wire_retry_after = 5.0 if retry_after is None else retry_after  # type: ignore[attr-defined]
         self.fail("create", error, times=times)
 
     # -- looking at the server ----------------------------------------------------------------
@@ -512,7 +515,7 @@ class FakeClient(pandastack.Client):
         retry_after = getattr(error, "fake_retry_after", None)
         status = getattr(error, "fake_status", None)
         if status is not None:
-            record_answer(ErrorAnswer(status, retry_after))
+            record_answer(ErrorAnswer(status, getattr(error, "fake_wire_retry_after", retry_after)))
         if op == "create" and self.on_create_retry is not None and self.max_create_retry_seconds > 0:
             self.on_create_retry(
                 CreateRetryEvent(

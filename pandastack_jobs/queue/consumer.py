@@ -106,7 +106,8 @@ class Stats:
     api_down_reason: str = ""
     api_down_what: str = "unreachable"
     uncharged: int = 0
-    """Deliveries given back without being counted: the platform, not the message, failed."""
+    """Deliveries given back without being counted: the platform, not the message, failed (those
+    of jobs that ran are in ``redelivered`` too)."""
 
     def rate(self) -> float:
         """Acked messages per second since the start."""
@@ -525,6 +526,7 @@ class Consumer:
                 # The platform failed, not the message: give it back uncounted, stop pulling.
                 self._uncharged.add(d.message_id)
                 self.transport.release(d, max(self.release_delay, outcome.retry_after or 0.0))
+                self.stats.redelivered += 1
                 self.stats.uncharged += 1
                 logger.info("message %s: %s; released, not counted", d.message_id, outcome.reason)
                 self._pause(outcome)

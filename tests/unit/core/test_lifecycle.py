@@ -280,12 +280,10 @@ def test_a_capacity_refusal_is_redelivered_after_the_servers_retry_after() -> No
     assert outcome.kind is FailureKind.CAPACITY and outcome.redeliver and outcome.retry_after == 7
 
 
-def test_a_503_without_retry_after_is_a_server_error_whatever_its_words(fake: FakeClient) -> None:
-    """By the SDK's contract a 503 is a capacity refusal only with Retry-After (else a load
-    balancer's): the status decides, not "no compute capacity" in its text (issue 36)."""
+def test_a_capacity_refusal_whose_wait_the_sdk_did_not_see_waits_the_wires_retry_after(fake: FakeClient) -> None:
     fake.refuse_capacity(retry_after=None)
     outcome = run_job(fake, JobSpec(command="true"))
-    assert outcome.kind is FailureKind.SERVER_ERROR and outcome.redeliver and outcome.retry_after is None
+    assert outcome.kind is FailureKind.CAPACITY and outcome.retry_after == 5.0
 
 
 def test_a_stream_without_an_exit_is_a_lost_sandbox_never_a_success(fake: FakeClient) -> None:
