@@ -14,6 +14,7 @@ import dataclasses
 import os
 import random
 from collections import OrderedDict
+from urllib.parse import urlsplit, urlunsplit
 
 import pandastack
 from pandastack.client import DEFAULT_API_URL
@@ -45,12 +46,22 @@ class ApiKeyRejected(ApiCheckError):
 
 
 def api_url(connection: ConnectionConfig) -> str:
-    """The base URL the SDK will use for ``connection`` (its own resolution order)."""
+    """The base URL the SDK will use for ``connection`` (its own resolution order), without any
+    user or password written into it."""
     client = connection.client()
     try:
-        return str(client.api_url)
+        return _safe_url(str(client.api_url))
     finally:
         _close(client)
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def describe_api(connection: ConnectionConfig) -> str:
@@ -76,7 +87,7 @@ def probe(connection: ConnectionConfig) -> None:
     if type(connection) is ConnectionConfig and connection.request_timeout > PROBE_TIMEOUT:
         connection = dataclasses.replace(connection, request_timeout=PROBE_TIMEOUT)
     client = connection.client()
-    url = str(client.api_url)
+    url = _safe_url(str(client.api_url))
     key = str(client.api_key or "")
     if not key:
         _close(client)

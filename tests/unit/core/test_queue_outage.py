@@ -158,3 +158,15 @@ def test_the_backoff_is_bounded_and_jittered() -> None:
     assert all(0.5 <= w <= 8.0 for w in waits) and max(waits[4:]) <= 8.0 and min(waits[4:]) >= 4.0
     b.reset()
     assert 0.5 <= b.next() <= 1.0
+
+
+def test_the_api_is_named_without_a_password_written_into_its_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pandastack_jobs import ConnectionConfig
+    from pandastack_jobs.queue.outage import describe_api
+
+    assert (
+        describe_api(ConnectionConfig(api_url="http://ops:s3cret@10.0.0.5:8321"))
+        == "http://***@10.0.0.5:8321"
+    )
+    monkeypatch.setenv("PANDASTACK_API", "http://127.0.0.1:8321")
+    assert describe_api(ConnectionConfig()) == "http://127.0.0.1:8321 (PANDASTACK_API)"
