@@ -7,21 +7,22 @@ import signal
 import pandastack
 import requests
 
-from .connection import last_refusal
+from .connection import ErrorAnswer, last_answer, last_refusal
 from .exceptions import PandaStackJobsError
 from .outcome import FailureKind
 
-# Phrases of the hosted platform's capacity refusals (the SDK raises the last
-# one unchanged when its retry budget runs out).
-_CAPACITY_PHRASES = (
-    "no compute capacity",
-    "insufficient host memory",
-    "sandbox host unavailable",
-    "rate limit",
-)
-# Default waits when the refusal's Retry-After was not seen (retry budget 0).
-_DEFAULT_RETRY_AFTER = {"no compute capacity": 5.0, "sandbox host unavailable": 15.0}
+# The answers the SDK's create-retry contract treats as capacity refusals (a 503 with
+# Retry-After, any 507, a 429), with the wait to use when the answer carried no Retry-After.
+_CAPACITY_STATUS_WAIT = {429: 1.0, 503: 5.0, 507: 5.0}
 FALLBACK_RETRY_AFTER = 1.0
+# Only for an error whose HTTP status is unknown (a client not built by ConnectionConfig, which
+# records statuses, or a test double's raised exception): the hosted platform's capacity phrases.
+_CAPACITY_PHRASES = {
+    "no compute capacity": 5.0,
+    "insufficient host memory": 5.0,
+    "sandbox host unavailable": 15.0,
+    "rate limit": FALLBACK_RETRY_AFTER,
+}
 
 
 class StepError(PandaStackJobsError):
@@ -33,18 +34,34 @@ class StepError(PandaStackJobsError):
         self.reason = reason
 
 
-def capacity_retry_after(message: str) -> float | None:
-    """Seconds to wait before redelivering a job refused for capacity, or None if not capacity."""
-    lowered = message.lower()
-    if not any(p in lowered for p in _CAPACITY_PHRASES):
+def _capacity_answer(answer: ErrorAnswer) -> bool:
+    if answer.status == 503:
+        return answer.retry_after is not None  # a load balancer's bare 503 is not a refusal
+    return answer.status in _CAPACITY_STATUS_WAIT
+
+
+def capacity_retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait before redelivering a create refused for capacity, or None if ``exc`` is not
+    a capacity refusal. Decided by the HTTP status the SDK got (or the refusal it retried), never
+    by the server's words, unless the status is unknown."""
+    if not isinstance(exc, (pandastack.ServerError, pandastack.BadRequestError)):
         return None
     refusal = last_refusal()
-    if refusal is not None and refusal.retry_after_seconds is not None:
-        return refusal.retry_after_seconds
-    for phrase, seconds in _DEFAULT_RETRY_AFTER.items():
-        if phrase in lowered:
-            return seconds
-    return FALLBACK_RETRY_AFTER
+    answer = last_answer()
+    if refusal is not None and (answer is None or _capacity_answer(answer)):
+        # The SDK retried this refusal as capacity itself and gave up.
+        if refusal.retry_after_seconds is not None:
+            return refusal.retry_after_seconds
+        return _CAPACITY_STATUS_WAIT.get(refusal.status_code, FALLBACK_RETRY_AFTER)
+    if answer is not None:
+        if not _capacity_answer(answer):
+            return None
+        if answer.retry_after is not None:
+            return answer.retry_after
+        return _CAPACITY_STATUS_WAIT[answer.status]
+    # No status known: the one place a server's words decide (see _CAPACITY_PHRASES).
+    lowered = str(exc).lower()
+    return next((wait for phrase, wait in _CAPACITY_PHRASES.items() if phrase in lowered), None)
 
 
 # Exception types whose kind does not depend on the step or the message, checked in this order
@@ -69,7 +86,10 @@ def _by_type(exc: BaseException, table: _KindTable) -> FailureKind | None:
 
 
 def kind_for_error(exc: BaseException, step: str) -> FailureKind | None:
-    """The failure kind of an exception raised during ``step``; None for unknown errors (bugs)."""
+    """The failure kind of an exception raised during ``step``; None for unknown errors (bugs).
+
+    By the exception's type and the HTTP status of the answer it came from; never by the words of
+    the server's message (except capacity when the status is unknown: ``capacity_retry_after``)."""
     if isinstance(exc, StepError):
         return exc.kind
     kind = _by_type(exc, _KIND_FIRST)
@@ -80,12 +100,10 @@ def kind_for_error(exc: BaseException, step: str) -> FailureKind | None:
     if isinstance(exc, requests.RequestException):
         # Raised by the SDK's stream reader when the connection drops mid-exec.
         return FailureKind.SANDBOX_LOST
-    message = str(exc).lower()
-    if isinstance(exc, (pandastack.ServerError, pandastack.BadRequestError)):
-        if step == "create" and capacity_retry_after(message) is not None:
-            return FailureKind.CAPACITY
-        if step == "create" and "template" in message:
-            return FailureKind.UNKNOWN_TEMPLATE
+    if step == "create" and capacity_retry_after(exc) is not None:
+        return FailureKind.CAPACITY
+    # An unknown template is a create's 5xx on the wire (no status of its own): the lifecycle asks
+    # the templates API whether the template exists (lifecycle.py, _template_missing).
     if isinstance(exc, pandastack.NotFoundError):
         return FailureKind.BAD_REQUEST if step == "create" else FailureKind.SANDBOX_LOST
     return _by_type(exc, _KIND_LAST)

@@ -341,6 +341,10 @@ class JobRun:
             if kind is None:
                 self._finish_teardown()
                 raise
+            if kind is FailureKind.SERVER_ERROR and self.sandbox is None and acquire is None:
+                # The wire has no status of its own for an unknown template (a 5xx): ask.
+                if _template_missing(self.client, self.spec.template):
+                    kind = FailureKind.UNKNOWN_TEMPLATE
             if kind is FailureKind.SERVER_ERROR and self.sandbox is not None:
                 # A 5xx mid-job is often the sandbox dying under it: say so when it is gone.
                 if not _sandbox_exists(self.client, self.sandbox.id):
@@ -450,7 +454,7 @@ class JobRun:
             reason = f"template {self.spec.template!r} cannot be used: {exc}"
         else:
             reason = f"{step} failed ({type(exc).__name__}): {exc}"
-        retry_after = capacity_retry_after(str(exc)) if kind is FailureKind.CAPACITY else None
+        retry_after = capacity_retry_after(exc) if kind is FailureKind.CAPACITY else None
         return {
             "ok": False,
             "kind": kind,
@@ -505,6 +509,18 @@ def _reject_constant(name: str) -> Any:
 
 # Statuses of a sandbox that can no longer run the job (the API's `failed`: its processes died).
 _LOST_STATUSES = frozenset({"failed", "stopping", "deleted"})
+
+
+def _template_missing(client: pandastack.Client, template: str) -> bool:
+    """True only when the templates API answers 404 for ``template`` (anything else, an unreachable
+    server included, proves nothing: the create's failure stays a server error)."""
+    try:
+        client.templates.get(template)
+    except pandastack.NotFoundError:
+        return True
+    except (pandastack.PandastackError, OSError):
+        return False
+    return False
 
 
 def _sandbox_exists(client: pandastack.Client, sandbox_id: str) -> bool:

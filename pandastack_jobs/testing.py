@@ -47,6 +47,7 @@ import requests
 from pandastack import CreateRetryEvent
 
 from . import guest
+from .connection import ErrorAnswer, record_answer
 from .exceptions import PandaStackJobsError
 
 FAKE_URL = "http://pandastack.fake.invalid"
@@ -68,6 +69,8 @@ OPERATIONS = {
     "write": "path",
     "stat": "path",
     "listdir": "path",
+    "me": "",
+    "template": "template name",
 }
 
 
@@ -301,7 +304,8 @@ class FakeClient(pandastack.Client):
         )
         self.api_key = api_key
         self.session = None  # type: ignore[assignment]  # nothing here may reach the network
-        self.templates = tuple(templates)
+        self.template_names = tuple(templates)
+        """The template names that exist (``templates`` stays the SDK's templates API)."""
         self.max_sandboxes = max_sandboxes
         self.sandbox_state: dict[str, FakeSandbox] = {}
         self.deleted: list[str] = []
@@ -351,12 +355,21 @@ class FakeClient(pandastack.Client):
         with self._lock:
             self._failures.append(_Failure(op, error, _matcher(match), times))
 
+    def heal(self) -> None:
+        """Forget every failure :meth:`fail` set up (the server is back)."""
+        with self._lock:
+            self._failures.clear()
+
     def refuse_capacity(self, *, times: int = 1, retry_after: float | None = 5.0) -> None:
         """The next ``times`` creates are refused as the hosted scheduler refuses them (503
         ``no compute capacity available``); ``on_create_retry`` sees ``retry_after`` first when
         the client has a create-retry budget."""
         error = pandastack.ServerError("no compute capacity available")
         error.fake_retry_after = retry_after  # type: ignore[attr-defined]
+        error.fake_status = 503  # type: ignore[attr-defined]
+        # On the wire the scheduler's 503 always says Retry-After: 5; ``retry_after=None`` is a
+        # refusal whose wait the SDK's retry event did not see (no budget).
+        error.fake_wire_retry_after = 5.0 if retry_after is None else retry_after  # type: ignore[attr-defined]
         self.fail("create", error, times=times)
 
     # -- looking at the server ----------------------------------------------------------------
@@ -427,9 +440,11 @@ class FakeClient(pandastack.Client):
         self.requests.append((method, path, str((params or {}).get("path", ""))))
         parts = path.strip("/").split("/")
         body = json or {}
+        record_answer(None)  # as ConnectionConfig's clients record each answer's status
         try:
             return self._route(method, parts, body, dict(params or {}), data, stream)
         except _Http as exc:
+            record_answer(ErrorAnswer(exc.status))
             raise _sdk_error(exc.status, str(exc)) from None
 
     def _route(
@@ -447,6 +462,14 @@ class FakeClient(pandastack.Client):
             self._inject("list", "")
             with self._lock:
                 return [sb.to_json() for sb in self.sandbox_state.values()]
+        if parts == ["me"] and method == "GET":
+            self._inject("me", "")
+            return {"user_id": "fake", "auth_method": "api_key"}
+        if len(parts) == 2 and parts[0] == "templates" and method == "GET":
+            self._inject("template", parts[1])
+            if parts[1] not in self.template_names:
+                raise _Http(404, "not found")
+            return {"name": parts[1], "cpu": 1, "memory_mb": 512, "size_bytes": 0, "meta": {}}
         if len(parts) < 2 or parts[0] != "sandboxes":
             raise _Http(404, "not found")
         sid, rest = parts[1], parts[2:]
@@ -490,6 +513,9 @@ class FakeClient(pandastack.Client):
             else:
                 return
         retry_after = getattr(error, "fake_retry_after", None)
+        status = getattr(error, "fake_status", None)
+        if status is not None:
+            record_answer(ErrorAnswer(status, getattr(error, "fake_wire_retry_after", retry_after)))
         if op == "create" and self.on_create_retry is not None and self.max_create_retry_seconds > 0:
             self.on_create_retry(
                 CreateRetryEvent(
@@ -526,11 +552,11 @@ class FakeClient(pandastack.Client):
         ttl = body.get("ttl_seconds")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
             raise _Http(400, "ttl_seconds must not be negative")
-        if template not in self.templates:
+        if template not in self.template_names:
             raise _Http(
                 500,
                 f'template "{template}" is not on this host and could not be pulled: '
-                f"available templates: {', '.join(self.templates)}",
+                f"available templates: {', '.join(self.template_names)}",
             )
         with self._lock:
             if self.max_sandboxes is not None and len(self.sandbox_state) >= self.max_sandboxes:

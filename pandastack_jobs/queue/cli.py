@@ -3,7 +3,13 @@ and no engine.
 
 The PandaStack server and key come from the SDK's environment
 (``PANDASTACK_API``, ``PANDASTACK_API_KEY``), never from the command line, so
-the key shows in no process list.
+the key shows in no process list. ``consume`` prints which API it uses (the
+hosted one when ``PANDASTACK_API`` is unset) and checks it answers and takes the
+key before it pulls anything.
+
+Exit codes: 0 stopped (SIGTERM/SIGINT, drained); 2 a bad argument; 3 the broker
+cannot be reached; 4 the PandaStack API cannot be reached at the start; 5 the
+PandaStack API refused the key (or there is none).
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from pandastack_workflows.install import install_line
 from ..connection import ConnectionConfig
 from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
+from .outage import EXIT_API_KEY_REJECTED, EXIT_API_UNREACHABLE, ApiCheckError, describe_api, probe
 
-EXAMPLES = """brokers:
+EXAMPLES = f"""PandaStack: PANDASTACK_API (the hosted API when unset) and PANDASTACK_API_KEY.
+exit codes: 0 stopped, 2 bad argument, 3 broker unreachable,
+  {EXIT_API_UNREACHABLE} PandaStack API unreachable, {EXIT_API_KEY_REJECTED} its key refused or missing
+brokers:
   redis://127.0.0.1:6379/0?stream=jobs&group=pandastack   (redis://:PASSWORD@host:6379/0?... with a password)
   postgresql://user@127.0.0.1:5432/db?queue=jobs&table=pandastack_queue
   amqp://guest:guest@127.0.0.1:5672/%2F?queue=jobs
@@ -148,7 +158,24 @@ def _send(transport: Transport, messages: list[str]) -> int:
     return 0
 
 
+def _check_api(connection: ConnectionConfig) -> int:
+    """Say which PandaStack API this worker uses, and check it answers and takes the key: 0, or the
+    exit code, after a one-line reason (the key is never printed)."""
+    print(f"pandastack-jobs: PandaStack API {describe_api(connection)}", file=sys.stderr)
+    try:
+        probe(connection)
+    except ApiCheckError as exc:
+        print(f"pandastack-jobs: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
 def _consume(transport: Transport, args: argparse.Namespace) -> int:
+    connection = ConnectionConfig()
+    failed = _check_api(connection)
+    if failed:
+        transport.close()
+        return failed
     defaults: dict[str, object] = {}
     if args.template:
         defaults["template"] = args.template
@@ -157,7 +184,7 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
     try:
         consumer = Consumer(
             transport,
-            ConnectionConfig(),
+            connection,
             concurrency=args.concurrency,
             max_deliveries=args.max_deliveries,
             defaults=defaults,

@@ -4,7 +4,9 @@ One thread (the loop) owns the transport: it receives, extends leases, and
 settles each finished job (result to the sink, then ack; or release for
 redelivery; or dead-letter). Jobs run on a pool of ``concurrency`` threads that
 talk only to PandaStack, so a broker outage never stops a running job: the loop
-reconnects and settles what finished meanwhile.
+reconnects and settles what finished meanwhile. An outage of PandaStack itself is
+not charged to the messages either: the loop gives back what it pulled, pauses
+pulling and probes the API until it answers (``outage.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from ..connection import ConnectionConfig
@@ -29,9 +32,13 @@ from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
 from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MAX_JSON_DEPTH, MessageError, QueueJob, parse
+from .outage import ApiKeyRejected, Backoff, Uncharged, maybe_platform, platform_failure, probe
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger(__name__)
+
+MAX_UNCHARGED = 10
+"""A message's deliveries spoiled by the platform that are not counted; later ones count."""
 
 Sink = Callable[[QueueJob, Delivery, JobOutcome], None]
 """Takes a successful job's result out (raise to leave the message for redelivery)."""
@@ -94,6 +101,13 @@ class Stats:
     leases_lost: int = 0
     last_activity: float = field(default_factory=time.monotonic)
     """When a message was last received or settled (for :func:`batch_done`)."""
+    api_down_since: float | None = None
+    """Wall-clock time (epoch seconds) since when PandaStack is unreachable and pulling is paused."""
+    api_down_reason: str = ""
+    api_down_what: str = "unreachable"
+    uncharged: int = 0
+    """Deliveries given back without being counted: the platform, not the message, failed (those
+    of jobs that ran are in ``redelivered`` too)."""
 
     def rate(self) -> float:
         """Acked messages per second since the start."""
@@ -105,10 +119,19 @@ class Stats:
         return {name: getattr(self, name) for name in (*names, "leases_lost")}
 
     def line(self) -> str:
-        return (
+        text = (
             f"in flight {self.in_flight}  acked {self.acked}  redelivered {self.redelivered}  "
             f"dead-lettered {self.dead_lettered}  {self.rate():.2f} msg/s"
         )
+        down = self.api_down_since
+        if down is not None:
+            text += f"  PandaStack {self.api_down_what} since {_clock(down)}, pulling paused"
+        return text
+
+
+def _clock(epoch: float) -> str:
+    """``2026-12-05 18:40:10Z``: a wall-clock time for logs and the progress line."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def check_chunking(chunk_size: int, chunk_key: str, max_deliveries: int) -> None:
@@ -166,6 +189,8 @@ class _Work:
     replied: bool = False
     slot: int = 0
     chunked: bool = False
+    consumer_error: bool = False
+    """The outcome is the consumer's own bug, not the platform's answer."""
 
 
 class Consumer:
@@ -183,6 +208,8 @@ class Consumer:
     "Chunks"), each with its own result and settlement; only messages with the same isolation key
     (``chunk_key``: ``tenant`` or ``input.<name>``) and the same job options share one, and a
     message without a key runs alone unless ``chunk_keyless``. ``concurrency`` counts sandboxes.
+    ``api_backoff``: the waits between probes of an unreachable PandaStack API (default 1 s
+    doubling to 15 s, jittered).
     """
 
     def __init__(
@@ -203,6 +230,7 @@ class Consumer:
         chunk_size: int = CONSUMER_DEFAULTS.chunk_size,
         chunk_key: str = CONSUMER_DEFAULTS.chunk_key,
         chunk_keyless: bool = CONSUMER_DEFAULTS.chunk_keyless,
+        api_backoff: Backoff | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -237,6 +265,11 @@ class Consumer:
         self._slots: dict[int, int] = {}  # slot -> its messages not yet collected
         self._next_slot = 0
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pandastack-queue")
+        # The platform's outages (outage.py): spoiled deliveries, the probe in flight, its backoff.
+        self._uncharged = Uncharged()
+        self._backoff = api_backoff or Backoff()
+        self._probe: Future[None] | None = None
+        self._next_probe = 0.0
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -263,12 +296,18 @@ class Consumer:
                 self._collect()
                 self._broker(self.transport.heartbeat)
                 self._settle_finished()
+                self._watch_api()
                 if self._stop.is_set():
                     if self._stop_at is None:
                         self._stop_at = time.monotonic() + self.drain_seconds
-                        logger.info("stopping: %d job(s) running, draining", len(self._running))
+                        logger.warning(
+                            "stopping: draining %d job(s) (up to %gs); no more pulls",
+                            len(self._running),
+                            self.drain_seconds,
+                        )
                     self._release_pending()
                     if not self._running and not self._settle and not self._pending:
+                        logger.warning("drained: %s", self.stats.line())
                         break
                     if time.monotonic() >= self._stop_at:
                         self._cancel_running()
@@ -276,7 +315,7 @@ class Consumer:
                     self._extend_leases()
                     next_extend = time.monotonic() + self._extend_interval()
                 free = self.concurrency - len(self._slots)
-                if free > 0 and not self._stop.is_set():
+                if free > 0 and not self._stop.is_set() and self.stats.api_down_since is None:
                     room = free * self.chunk_size - len(self._pending)
                     if room > 0:
                         wait = 0.0 if self._pending else 0.2 if self._running else self.poll_seconds
@@ -336,13 +375,14 @@ class Consumer:
         except Exception as exc:  # a bug on one message must not stop the consumer
             logger.exception("message %s could not be started; dead-lettering it", delivery.message_id)
             reason = f"consumer error while starting the message: {type(exc).__name__}: {exc}"
-            self._dead_at_once(delivery, DeadLetter(reason[:4000], "consumer_error", None, delivery.count))
+            self._dead_at_once(
+                delivery, DeadLetter(reason[:4000], "consumer_error", None, delivery.count), None
+            )
 
     def _start_one(self, delivery: Delivery) -> None:
         if delivery.malformed is not None:  # broker-level fields the transport does not accept
             exc = MessageError(*delivery.malformed)
-            logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
-            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count), None)
             return
         try:
             job = parse(
@@ -353,19 +393,19 @@ class Consumer:
                 allowed_templates=self.allowed_templates,
             )
         except MessageError as exc:
-            logger.warning("message %s dead-lettered: %s", delivery.message_id, exc)
-            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count))
+            self._dead_at_once(delivery, DeadLetter(str(exc), "malformed", exc.field, delivery.count), None)
             return
         except RecursionError:  # a bound missed (the depth scan should have refused it)
             reason = f"body: nests too deeply to parse (the limit is {MAX_JSON_DEPTH}, MAX_JSON_DEPTH)"
-            self._dead_at_once(delivery, DeadLetter(reason, "malformed", "body", delivery.count))
+            self._dead_at_once(delivery, DeadLetter(reason, "malformed", "body", delivery.count), None)
             return
-        if delivery.count > self.max_deliveries:
+        count = self._uncharged.charged(delivery.message_id, delivery.count)
+        if count > self.max_deliveries:
             reason = (
-                f"delivered {delivery.count} times, over max_deliveries={self.max_deliveries}: "
+                f"delivered {count} times, over max_deliveries={self.max_deliveries}: "
                 "earlier deliveries ended without a result (a worker died with it each time)"
             )
-            self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, delivery.count))
+            self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, count), job)
             return
         self._pending.append(_Work(delivery, job))
 
@@ -398,12 +438,16 @@ class Consumer:
                 self.stats.chunks += 1
                 self._pool.submit(contextvars.copy_context().run, self._run_chunk, chunk)
 
-    def _release_pending(self) -> None:
+    def _release_pending(self, uncharged: bool = False) -> None:
         while self._pending:
             work = self._pending[0]
             self._broker(functools.partial(self.transport.release, work.delivery, 0))
             self._pending.pop(0)
-            self.stats.released_on_drain += 1
+            if uncharged:
+                self._uncharged.add(work.delivery.message_id)
+                self.stats.uncharged += 1
+            else:
+                self.stats.released_on_drain += 1
 
     def _run_chunk(self, works: list[_Work]) -> None:
         """One sandbox for ``works`` (see :func:`~pandastack_jobs.queue.chunks.run_chunk`); each
@@ -430,6 +474,7 @@ class Consumer:
             logger.exception("chunk of %d message(s) raised", len(works))
             for i, work in enumerate(works):
                 if i not in handed:
+                    work.consumer_error = True
                     work.outcome = JobOutcome(
                         ok=False, kind=FailureKind.SERVER_ERROR, reason=f"consumer error: {exc}"
                     )
@@ -467,6 +512,7 @@ class Consumer:
             work.outcome = JobOutcome(
                 ok=False, kind=FailureKind.SERVER_ERROR, reason=f"consumer error: {exc}"
             )
+            work.consumer_error = True
         self._done.put(work)
 
     # -- settling finished jobs ------------------------------------------------------------------
@@ -521,6 +567,24 @@ class Consumer:
             self.transport.release(d, 0)
             self.stats.released_on_drain += 1
             return True
+        if not work.consumer_error and platform_failure(outcome):
+            spoiled = self._uncharged.get(d.message_id)
+            if spoiled < MAX_UNCHARGED:
+                # The platform failed, not the message: give it back uncounted, stop pulling.
+                self._uncharged.add(d.message_id)
+                self.transport.release(d, max(self.release_delay, outcome.retry_after or 0.0))
+                self.stats.redelivered += 1
+                self.stats.uncharged += 1
+                logger.info("message %s: %s; released, not counted", d.message_id, outcome.reason)
+                self._pause(outcome)
+                return True
+            # So many outages in one message's life is a message the API chokes on (a 5xx at
+            # the create for this message alone): from here on its deliveries count.
+            logger.warning(
+                "message %s: %d deliveries not counted already; this one counts", d.message_id, spoiled
+            )
+        if not work.consumer_error and maybe_platform(outcome):
+            self._check_api()  # a dying server also explains this one: is the API still there?
         if work.chunked and outcome.kind is FailureKind.SANDBOX_LOST:
             # The chunk's sandbox died: no mate is to blame; each comes back and runs alone.
             logger.info("message %s: %s; redelivering", d.message_id, outcome.reason)
@@ -540,10 +604,12 @@ class Consumer:
                     return True
                 work.replied = True
             self.transport.ack(d)
+            self._uncharged.forget(d.message_id)
             self.stats.acked += 1
             return True
         kind = outcome.kind.value if outcome.kind else "unknown"
-        if outcome.redeliver and d.count < self.max_deliveries:
+        count = self._uncharged.charged(d.message_id, d.count)
+        if outcome.redeliver and count < self.max_deliveries:
             delay = max(self.release_delay, outcome.retry_after or 0.0)
             logger.info("message %s: %s; redelivering in %.1fs", d.message_id, outcome.reason, delay)
             self.transport.release(d, delay)
@@ -551,20 +617,31 @@ class Consumer:
             return True
         reason = outcome.reason
         if outcome.redeliver:
-            reason = f"gave up after {d.count} deliveries (max_deliveries={self.max_deliveries}): {reason}"
+            reason = f"gave up after {count} deliveries (max_deliveries={self.max_deliveries}): {reason}"
         tails = {"stdout_tail": outcome.stdout_tail[-2000:], "stderr_tail": outcome.stderr_tail[-2000:]}
-        self._dead(d, DeadLetter(reason, kind, None, d.count, **tails))
+        self._dead(d, DeadLetter(reason, kind, None, count, **tails), work.job)
         return True
 
-    def _dead(self, delivery: Delivery, why: DeadLetter) -> None:
+    def _dead(self, delivery: Delivery, why: DeadLetter, job: QueueJob | None) -> None:
         self.transport.dead_letter(delivery, why)
+        self._uncharged.forget(delivery.message_id)
         self.stats.dead_lettered += 1
+        # One line per dead letter, whatever the kind: a reader finds it by either id.
+        logger.warning(
+            "dead-lettered: id=%s broker_id=%s kind=%s deliveries=%d%s reason=%s",
+            job.message_id if job is not None else "-",
+            delivery.message_id,
+            why.kind,
+            why.deliveries,
+            f" field={why.field}" if why.field else "",
+            " ".join(why.reason.split())[:500],
+        )
 
-    def _dead_at_once(self, delivery: Delivery, why: DeadLetter) -> None:
+    def _dead_at_once(self, delivery: Delivery, why: DeadLetter, job: QueueJob | None) -> None:
         """Dead-letter a message that never ran; if the broker is down meanwhile, the message is
         left leased and is dead-lettered on its next delivery."""
         try:
-            self._broker(functools.partial(self._dead, delivery, why))
+            self._broker(functools.partial(self._dead, delivery, why, job))
         except LeaseLost as exc:
             logger.warning(
                 "message %s: lease lost before it was dead-lettered (%s)", delivery.message_id, exc
@@ -573,6 +650,73 @@ class Consumer:
             raise
         except Exception:  # e.g. the dead-letter destination refused it
             logger.exception("message %s could not be dead-lettered; left to the broker", delivery.message_id)
+
+    # -- PandaStack outages ----------------------------------------------------------------------
+
+    def _pause(self, outcome: JobOutcome) -> None:
+        """Stop pulling (if not stopped already) and give back what was pulled and not started;
+        the probe decides when to resume, never sooner than a capacity refusal's wait."""
+        at_least = outcome.retry_after or 0.0
+        if self.stats.api_down_since is None:
+            self.stats.api_down_since = time.time()
+            self.stats.api_down_reason = outcome.reason
+            capacity = outcome.kind is FailureKind.CAPACITY
+            self.stats.api_down_what = "out of capacity" if capacity else "unreachable"
+            logger.warning(
+                "PandaStack %s since %s (%s), pulling paused",
+                self.stats.api_down_what,
+                _clock(self.stats.api_down_since),
+                outcome.reason,
+            )
+            self._release_pending(uncharged=True)
+            self._next_probe = time.monotonic() + max(self._backoff.next(), at_least)
+        else:
+            self._next_probe = max(self._next_probe, time.monotonic() + at_least)
+
+    def _check_api(self) -> None:
+        """Probe the API now (unless a probe is running): a failure mid-job may be its outage. On a
+        daemon thread: a probe hanging on a dead host never holds up the loop or the exit."""
+        if self._probe is not None:
+            return
+        answer: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                probe(self.connection)
+            except Exception as exc:  # noqa: BLE001 - read by _watch_api
+                answer.set_exception(exc)
+            else:
+                answer.set_result(None)
+
+        self._probe = answer
+        threading.Thread(target=run, daemon=True, name="pandastack-probe").start()
+
+    def _watch_api(self) -> None:
+        """Read a finished probe: pause on failure, resume on an answer; probe again when due."""
+        done = self._probe
+        if done is not None and done.done():
+            self._probe = None
+            try:
+                done.result()
+            except ApiKeyRejected:
+                pass  # it answers: the jobs' own failures say the rest
+            except Exception as exc:  # noqa: BLE001 - unreachable, whatever the cause
+                reason = str(exc)
+                if self.stats.api_down_since is None:
+                    self._pause(JobOutcome(ok=False, kind=FailureKind.CONNECTION, reason=reason))
+                else:
+                    wait = self._backoff.next()
+                    self._next_probe = max(self._next_probe, time.monotonic() + wait)
+                    logger.info("PandaStack still unreachable (%s); next probe in %.1fs", reason, wait)
+                return
+            if self.stats.api_down_since is not None and time.monotonic() >= self._next_probe:
+                down = time.time() - self.stats.api_down_since
+                self.stats.api_down_since, self.stats.api_down_reason = None, ""
+                self._backoff.reset()
+                logger.warning("PandaStack answers again after %.0fs; pulling resumed", down)
+        if self.stats.api_down_since is not None and self._probe is None:
+            if time.monotonic() >= self._next_probe:
+                self._check_api()
 
     # -- leases, drain, broker outages -----------------------------------------------------------
 

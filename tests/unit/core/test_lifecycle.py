@@ -280,7 +280,7 @@ def test_a_capacity_refusal_is_redelivered_after_the_servers_retry_after() -> No
     assert outcome.kind is FailureKind.CAPACITY and outcome.redeliver and outcome.retry_after == 7
 
 
-def test_a_capacity_refusal_without_retry_after_uses_the_phrases_default(fake: FakeClient) -> None:
+def test_a_capacity_refusal_unseen_by_the_sdk_waits_the_wires_retry_after(fake: FakeClient) -> None:
     fake.refuse_capacity(retry_after=None)
     outcome = run_job(fake, JobSpec(command="true"))
     assert outcome.kind is FailureKind.CAPACITY and outcome.retry_after == 5.0
