@@ -231,4 +231,4 @@ class Admission:
             return False
 
     def _usage_bytes(self, name: str) -> int:
-        return self.cgroups.memory_usage(name) or 0
+        return self.cgroups.charged(name) or 0

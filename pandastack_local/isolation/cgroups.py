@@ -301,11 +301,19 @@ class Cgroups:
             return int((base / name / fname).read_text())
         return None
 
-    def working_set(self, name: str) -> int | None:
-        """What the sandbox holds that the kernel cannot simply drop: its charge less its inactive
-        file cache (Kubernetes' working set; tmpfs and /dev/shm pages are not file cache, so they
-        count)."""
+    def charged(self, name: str) -> int | None:
+        """All the sandbox's memory a cgroup charges: its memory cgroup, plus on v1 its TCP and
+        UDP buffers (charged apart, to memory.kmem.tcp)."""
         usage = self.memory_usage(name)
+        if usage is None:
+            return None
+        return usage + (self.socket_bytes(name) or 0)
+
+    def working_set(self, name: str) -> int | None:
+        """What the sandbox holds that the kernel cannot simply drop: its charge (``charged``)
+        less its inactive file cache (Kubernetes' working set; tmpfs and /dev/shm pages are not
+        file cache, so they count)."""
+        usage = self.charged(name)
         if usage is None:
             return None
         key = "total_inactive_file" if self.version == "v1" else "inactive_file"
