@@ -211,6 +211,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _cgroups(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 def _adj(pid: int) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
@@ -231,11 +238,11 @@ def test_the_hosts_oom_killer_picks_a_sandbox_before_the_server(make_local_serve
     with client.sandboxes.create(template="small") as sb:
         sb.filesystem.write("/work/grow.py", GROW)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            job = pool.submit(sb.exec, "python3 /work/grow.py anon 60 3", timeout_seconds=60)
-            deadline = time.monotonic() + 20
+            job = pool.submit(sb.exec, "python3 /work/grow.py anon 60 2", timeout_seconds=60)
             seen: dict[int, int] = {}
-            while time.monotonic() < deadline and not any(a == 1000 for a in seen.values()):
-                seen = {p: a for p in _descendants(server.pid or 0) if (a := _adj(p)) is not None}
+            while not job.done():  # every host process in the sandbox's cgroups while its job runs
+                mine = (p for p in _descendants(server.pid or 0) if sb.id in _cgroups(p))
+                seen |= {p: a for p in mine if (a := _adj(p)) is not None}
                 time.sleep(0.05)
             assert job.result().exit_code == 0
         # Within the sandbox a job cannot take back the sandbox's place in line: on a root server
@@ -245,6 +252,7 @@ def test_the_hosts_oom_killer_picks_a_sandbox_before_the_server(make_local_serve
     assert server_adj is not None and server_adj <= 0, server_adj
     assert seen, "no sandbox process found under the server"
     assert min(seen.values()) >= 800, seen
-    assert 1000 in seen.values(), seen  # the job itself, first in line
+    if not GVISOR:  # gVisor: the job is inside the sentry; the kernel can only pick the sandbox whole
+        assert 1000 in seen.values(), seen  # the job itself, first in line
     if not GVISOR and server_adj == -900:
         assert lowered and lowered[-1] != "0", lowered
