@@ -1,19 +1,28 @@
-"""Admission by real use, and the pressure guard that keeps an overcommitted host safe.
+"""Admission by real use, and the memory guard that keeps an overcommitted host safe.
 
 A sandbox's memory limit is a ceiling, not a reservation: an idle ``base`` sandbox uses about
 8 MB of its 2 GiB. Admitting by the sum of limits (the ``limits`` policy) refuses the 11th
 sandbox on a 24 GiB host; admitting by what the live sandboxes actually use (``usage``, the
 default) lets hundreds live at once. The price of overcommit is that the host can run short,
-so a guard watches the total: past the budget, the sandbox furthest above its fair share
-(budget / live sandboxes) is squeezed to what it uses now, and its next allocation makes the
-kernel's memory-cgroup OOM killer stop its job (exit 137: a redeliverable failure). Neither the
-server nor a neighbour within its fair share is ever the one stopped. Without a memory cgroup
-nothing can be measured or squeezed, and ``usage`` falls back to ``limits``.
+so a guard watches the total, as Kubernetes' node-pressure eviction does: past the budget it
+ranks the sandboxes by their working set above their share and stops the job of the first (a
+SIGKILL: the exec answers 137, as after an OOM kill, a redeliverable failure), then the next,
+until what is left fits the budget. A sandbox whose memory outlives its job (files on its tmpfs
+disk or in /dev/shm; under gVisor, anything: the sentry keeps a dead job's pages) is stopped
+whole on the next pass (a lost sandbox: redeliverable too).
+
+The share: the budget less what the idle sandboxes hold, split between the sandboxes that use
+memory (more than the start reserve each). Idle sandboxes do not shrink it, so a tenant cannot
+make a neighbour the biggest offender by holding many empty sandboxes; and since every sandbox
+that uses memory has the same share, ranking by use above it stops the biggest first: a sandbox
+is never stopped while one using more is above its share and not stopped. Without a memory
+cgroup nothing can be measured or stopped by use, and ``usage`` falls back to ``limits``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,14 +33,16 @@ log = logging.getLogger(__name__)
 
 ADMISSIONS = ("usage", "limits")
 DEFAULT_ADMISSION = "usage"
-# What a new sandbox is counted as until it can be measured (an idle one uses about 8 MB).
+# What a new sandbox is counted as until it can be measured (an idle one uses about 8 MB); a
+# sandbox holding no more than this counts as idle for the guard's share.
 START_RESERVE_MB = 32
-# A squeezed sandbox may still grow this much before its job is stopped (v1 refuses a limit
-# below the current usage, so the squeeze is usage plus a margin).
-SQUEEZE_MARGIN_BYTES = 4 * 1024 * 1024
 MB = 1024 * 1024
 # The server's own OOM score adjustment (-1000 would exempt it entirely; this keeps it last).
 SERVER_OOM_SCORE_ADJ = -900
+# A sandbox whose job was stopped this long ago and that still holds more than its share is
+# stopped whole (its memory outlived its job): a little less than the guard's interval, so it
+# is the very next pass.
+SETTLE_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,32 @@ class Occupant:
     @property
     def limit_mb(self) -> int:
         return self.template.memory_mb
+
+
+@dataclass(frozen=True)
+class Stop:
+    """One action of the guard: stop ``name``'s job (``whole`` False) or the sandbox itself."""
+
+    name: str
+    whole: bool
+    held_mb: int  # its working set when it was picked
+    share_mb: int
+
+
+@dataclass
+class GuardCounts:
+    """What the guard did since the server started (``/healthz``)."""
+
+    passes_over_budget: int = 0
+    jobs_stopped: int = 0
+    sandboxes_stopped: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "passes_over_budget": self.passes_over_budget,
+            "jobs_stopped": self.jobs_stopped,
+            "sandboxes_stopped": self.sandboxes_stopped,
+        }
 
 
 class Admission:
@@ -61,7 +98,16 @@ class Admission:
                 "memory limits (--admission limits) instead"
             )
         self.policy = policy if self.measurable else "limits"
-        self.squeezed: dict[str, int] = {}  # name -> the oom_kill count when it was squeezed
+        # name -> the monotonic time the guard stopped its job (until it holds no more than its share)
+        self.job_stopped: dict[str, float] = {}
+        self.counts = GuardCounts()
+        # What the guard's last pass measured: the sandboxes' charge, or their working set when
+        # the charge was over the budget (what it holds under the budget). None before a pass.
+        self.last_total_mb: int | None = None
+
+    @property
+    def guarded(self) -> bool:
+        return self.policy == "usage" and self.budget_mb is not None
 
     def describe(self) -> str:
         if self.budget_mb is None:
@@ -112,58 +158,71 @@ class Admission:
             each = max(each, self._usage_bytes(copy_of) // MB)
         return min(limit_mb, each) * count
 
-    def relieve(self, occupants: list[Occupant]) -> str | None:
-        """One pass of the pressure guard: over budget, squeeze the sandbox furthest above its
-        fair share; lift squeezes whose job was stopped or that shrank. Returns the name squeezed."""
-        if self.policy != "usage" or self.budget_mb is None or not occupants:
-            return None
+    def working_sets(self, occupants: Iterable[Occupant]) -> dict[str, int]:
+        """Each sandbox's working set in bytes (what the guard holds under the budget)."""
+        return {o.name: self.cgroups.working_set(o.name) or 0 for o in occupants}
+
+    def relieve(self, occupants: list[Occupant], now: float | None = None) -> list[Stop]:
+        """One pass of the guard (see the module docstring): what to stop, in order, so that the
+        total fits the budget once their memory is freed. Empty while it fits."""
+        if not self.guarded or not occupants:
+            self.last_total_mb = 0
+            return []
+        now = time.monotonic() if now is None else now
+        # The cheap read first: the working set is never more than the charge.
         usage = {o.name: self._usage_bytes(o.name) for o in occupants}
-        self._lift(occupants, usage)
-        total_mb = sum(usage.values()) // MB
-        if total_mb <= self.budget_mb:
-            return None
-        fair = self.budget_mb * MB // len(occupants)
-        over = [o for o in occupants if usage[o.name] > fair and o.name not in self.squeezed]
-        if not over:
-            return None
-        victim = max(over, key=lambda o: usage[o.name])
-        if self.cgroups.set_memory_limit(victim.name, usage[victim.name] + SQUEEZE_MARGIN_BYTES):
-            self.squeezed[victim.name] = self.cgroups.oom_kills(victim.name)
-            log.warning(
-                "memory pressure: %d MB in use past the %d MB budget: sandbox %s (%d MB, fair share "
-                "%d MB) is held at its current use; its next allocation stops its job",
-                total_mb,
-                self.budget_mb,
-                victim.name,
-                usage[victim.name] // MB,
-                fair // MB,
-            )
-            return victim.name
-        return None
+        budget = (self.budget_mb or 0) * MB
+        self.last_total_mb = sum(usage.values()) // MB
+        if sum(usage.values()) <= budget:
+            return []
+        held = self.working_sets(occupants)
+        total = sum(held.values())
+        self.last_total_mb = total // MB
+        reserve = START_RESERVE_MB * MB
+        users = [name for name, b in held.items() if b > reserve]
+        idle = total - sum(held[n] for n in users)
+        share = max((budget - idle) // max(len(users), 1), reserve)
+        self._forget_settled(held, share)
+        if total <= budget:
+            return []
+        self.counts.passes_over_budget += 1
+        excess = total - budget
+        plan: list[Stop] = []
+        # Kubernetes' order: by use above the share (the same share for all: by use), largest first.
+        for name in sorted((n for n in users if held[n] > share), key=lambda n: held[n], reverse=True):
+            if excess <= 0:
+                break
+            stopped_at = self.job_stopped.get(name)
+            if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
+                excess -= held[name]  # its job was just stopped: its memory is on its way back
+                continue
+            plan.append(Stop(name, stopped_at is not None, held[name] // MB, share // MB))
+            excess -= held[name] - (0 if stopped_at is not None else reserve)
+        return plan
+
+    def stopped(self, stop: Stop, now: float | None = None) -> None:
+        """The manager carried ``stop`` out: count it, and watch whether its memory comes back."""
+        if stop.whole:
+            self.counts.sandboxes_stopped += 1
+            self.job_stopped.pop(stop.name, None)
+        else:
+            self.counts.jobs_stopped += 1
+            self.job_stopped[stop.name] = time.monotonic() if now is None else now
 
     def forget(self, name: str) -> None:
-        self.squeezed.pop(name, None)
+        self.job_stopped.pop(name, None)
 
-    def _lift(self, occupants: list[Occupant], usage: dict[str, int]) -> None:
-        """Give a squeezed sandbox its limit back once its job was stopped (an OOM kill counted)
-        or it shrank below its fair share."""
-        if not self.squeezed:
-            return
-        fair = (self.budget_mb or 0) * MB // max(len(occupants), 1)
-        for o in occupants:
-            if o.name not in self.squeezed:
-                continue
-            killed = self.cgroups.oom_kills(o.name) > self.squeezed[o.name]
-            if killed or usage[o.name] < fair:
-                self.cgroups.set_memory_limit(o.name, self.cgroups.memory_limit_bytes(o.template))
-                del self.squeezed[o.name]
-        for name in set(self.squeezed) - {o.name for o in occupants}:
-            del self.squeezed[name]
+    def _forget_settled(self, held: dict[str, int], share: int) -> None:
+        """A sandbox whose job was stopped and that now holds no more than its share is done with:
+        a later job of it that grows is a new offence (its job stopped first, again)."""
+        for name in list(self.job_stopped):
+            if held.get(name, 0) <= share:
+                del self.job_stopped[name]
 
     @staticmethod
     def protect_server() -> bool:
         """Make the host's OOM killer pass over the server (root only: lowering needs
-        CAP_SYS_RESOURCE). Sandboxes give it up as they start (``process.launch``)."""
+        CAP_SYS_RESOURCE). Sandboxes are put ahead of it as they start (``process.launch``)."""
         try:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(SERVER_OOM_SCORE_ADJ))
@@ -172,4 +231,4 @@ class Admission:
             return False
 
     def _usage_bytes(self, name: str) -> int:
-        return self.cgroups.memory_usage(name) or 0
+        return self.cgroups.charged(name) or 0

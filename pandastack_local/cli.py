@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--admission",
         choices=ADMISSIONS,
         default=DEFAULT_ADMISSION,
-        help="usage (default): admit by the memory sandboxes actually use, and under pressure stop "
-        "the job of the sandbox furthest above its fair share; limits: by the sum of their memory "
-        "limits (no overcommit)",
+        help="usage (default): admit by the memory sandboxes actually use, and past the budget stop "
+        "the jobs of the sandboxes furthest above their share, biggest first, until the total fits; "
+        "limits: by the sum of their memory limits (no overcommit)",
     )
     serve.add_argument(
         "--stream-buffer-mb",

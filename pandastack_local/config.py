@@ -64,7 +64,7 @@ class ServerConfig:
     max_sandboxes: int | None = DEFAULT_MAX_SANDBOXES
     # None: no budget. The CLI's default is default_memory_budget_mb().
     memory_budget_mb: int | None = None
-    # "usage": admit by what sandboxes use (the pressure guard keeps the host safe); "limits": by
+    # "usage": admit by what sandboxes use (the memory guard keeps the host safe); "limits": by
     # the sum of their memory limits (no overcommit).
     admission: str = "usage"
     ttl_scan_interval: float = 30.0

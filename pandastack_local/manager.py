@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pandastack_local import agent_client
-from pandastack_local.admission import Admission, Occupant
+from pandastack_local.admission import Admission, Occupant, Stop
 from pandastack_local.config import ServerConfig
 from pandastack_local.exceptions import ApiError
 from pandastack_local.guest.agent import HEARTBEAT_SECONDS
@@ -50,7 +50,7 @@ LOG_LINES = 2000
 TEMPLATE_BUILD_WAIT_SECONDS = 20.0  # a create waits this long for a template still being built
 READY_TIMEOUT_SECONDS = 30.0  # generous: a loaded 2-core CI box can take seconds to start python
 AGENT_LOSS_SETTLE_SECONDS = 3.0
-PRESSURE_SCAN_SECONDS = 0.5  # how often the pressure guard reads the sandboxes' memory use
+PRESSURE_SCAN_SECONDS = 0.5  # how often the memory guard reads the sandboxes' memory use
 # A request in flight keeps its sandbox busy (idle 0) while its agent showed life (a frame, the
 # heartbeat included) this recently; past it, the sandbox counts as idle from that last sign.
 BUSY_GRACE_SECONDS = 5 * HEARTBEAT_SECONDS  # room for a loaded host
@@ -178,7 +178,7 @@ class SandboxManager:
         if "pids" in self.cgroups.missing:
             log.warning("isolation: NO process-count limit: a fork bomb is not contained")
         self._tasks.append(asyncio.create_task(self._ttl_loop()))
-        if self.admission.policy == "usage" and self.admission.budget_mb is not None:
+        if self.admission.guarded:
             self._tasks.append(asyncio.create_task(self._pressure_loop()))
         if self.config.pool_size > 0:
             for name in ("code-interpreter", "base"):
@@ -338,19 +338,62 @@ class SandboxManager:
                     out += [Occupant(sp.name, self.templates[name]) for sp in pool]
         return out
 
+    def memory_health(self) -> dict[str, Any]:
+        """/healthz's memory section: the budget, the total the guard measured on its last pass
+        (at most ``PRESSURE_SCAN_SECONDS`` old; None without a guard) and what it did."""
+        return {
+            "admission": self.admission.policy,
+            "budget_mb": self.admission.budget_mb,
+            "used_mb": self.admission.last_total_mb,
+            "guard": self.admission.counts.to_json(),
+        }
+
     async def _pressure_loop(self) -> None:
-        """The pressure guard (admission.py): an overcommitted host never runs the server or a
-        neighbour within its fair share out of memory."""
+        """The memory guard (admission.py): past the budget, the sandboxes furthest above their
+        share lose their job (or, when their memory outlives it, the sandbox), never a neighbour
+        below them, and the total is back under the budget within a pass or two."""
         while True:
             await asyncio.sleep(PRESSURE_SCAN_SECONDS)
-            live = (sb for sb in self.sandboxes.values() if not sb.ended)
-            occupants = [Occupant(sb.id, sb.template) for sb in live]
-            squeezed = self.admission.relieve(occupants)
-            if squeezed is not None and squeezed in self.sandboxes:
-                self.sandboxes[squeezed].log(
-                    "memory pressure on the host: held at its current memory use; its next "
-                    "allocation stops its job (exit 137)"
-                )
+            try:
+                occupants = self._occupants()
+                plan = await asyncio.to_thread(self.admission.relieve, occupants)
+                if plan:
+                    await self._carry_out(plan, self.admission.last_total_mb or 0)
+            except Exception:  # the guard must outlive any one sandbox's state
+                log.exception("memory guard: a pass failed")
+
+    async def _carry_out(self, plan: list[Stop], total_mb: int) -> None:
+        """Stop what the guard picked, and say so: one line per pass, each sandbox in its own log."""
+        done = []
+        for pick in plan:
+            sb = self.sandboxes.get(pick.name)
+            if sb is None or sb.ended:
+                continue  # a pool sandbox (never above its share) or one already gone
+            why = (
+                f"memory pressure on the host: the sandboxes used more than the {self.admission.budget_mb} "
+                f"MB budget and this one held {pick.held_mb} MB, the most above its {pick.share_mb} MB share"
+            )
+            whole = pick.whole or await asyncio.to_thread(self.backend.stop_job, sb.process) is None
+            if whole:
+                pick = Stop(pick.name, True, pick.held_mb, pick.share_mb)
+                sb.ended = f"stopped by the memory guard ({why})"
+                sb.status = "failed"
+                sb.last_active = time.monotonic()
+                sb.log(f"lost: {sb.ended}")
+                self.admission.forget(sb.id)
+                await self._kill(sb.process)
+            else:
+                sb.log(f"{why}: its job was stopped (SIGKILL, exit 137)")
+            self.admission.stopped(pick)
+            done.append(f"{sb.id} ({pick.held_mb} MB: {'sandbox' if whole else 'job'})")
+        if done:
+            counts = self.admission.counts
+            text = (
+                f"memory guard: {total_mb} MB in use past the {self.admission.budget_mb} MB budget "
+                f"(share {plan[0].share_mb} MB): stopped {', '.join(done)}; since start "
+                f"{counts.jobs_stopped} jobs and {counts.sandboxes_stopped} sandboxes stopped"
+            )
+            log.warning(text.replace("%", "%%"))
 
     async def create(
         self,

@@ -261,7 +261,18 @@ SB = "/v1/sandboxes/{sandbox_id}"
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("get", "/healthz"): op(
         "health (no auth)",
-        (200, "ok", obj(["status"], status=STR, sandboxes=INT, tearing_down=INT, isolation=STR)),
+        (
+            200,
+            "ok",
+            obj(
+                ["status"],
+                status=STR,
+                sandboxes=INT,
+                tearing_down=INT,
+                isolation=STR,
+                memory={"type": "object", "description": "the memory budget and what its guard did"},
+            ),
+        ),
     ),
     ("get", "/version"): op(
         "version (no auth)", (200, "the server", obj(["version"], version=STR, server=STR))

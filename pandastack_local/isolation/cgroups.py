@@ -38,6 +38,9 @@ SOCKET_SHARE = 8
 MIN_SOCKET_BUDGET = 8 * MIB
 V1_TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 V1_TCP_USAGE = "memory.kmem.tcp.usage_in_bytes"
+# cgroup v2: what each sandbox is protected up to from reclaim (memory.low): what admission counts
+# a new sandbox for (admission.START_RESERVE_MB), as Kubernetes' MemoryQoS protects a request.
+MEMORY_LOW_BYTES = 32 * MIB
 
 
 def socket_budget(template: Template) -> int:
@@ -187,6 +190,9 @@ class Cgroups:
                 if ctrl in available and _write(parent / "cgroup.subtree_control", f"+{ctrl}"):
                     if _write(base / "cgroup.subtree_control", f"+{ctrl}"):
                         enabled.append(ctrl)
+            if "memory" in enabled:
+                # A child's memory.low protects only as far as its parent's does: pass it all down.
+                _write(base / "memory.low", "max")
             for ctrl in enabled:
                 self.bases[ctrl] = base
             if (base / "cgroup.freeze").exists() or enabled:
@@ -239,6 +245,7 @@ class Cgroups:
                 d = self.bases["memory"] / name
                 _write(d / "memory.max", str(mem))
                 _write(d / "memory.swap.max", "0")
+                _write(d / "memory.low", str(min(MEMORY_LOW_BYTES, mem)))
             if "pids" in self.bases:
                 _write(self.bases["pids"] / name / "pids.max", str(template.pids_max))
             if "cpu" in self.bases:
@@ -293,6 +300,29 @@ class Cgroups:
         with contextlib.suppress(OSError, ValueError):
             return int((base / name / fname).read_text())
         return None
+
+    def charged(self, name: str) -> int | None:
+        """All the sandbox's memory a cgroup charges: its memory cgroup, plus on v1 its TCP and
+        UDP buffers (charged apart, to memory.kmem.tcp)."""
+        usage = self.memory_usage(name)
+        if usage is None:
+            return None
+        return usage + (self.socket_bytes(name) or 0)
+
+    def working_set(self, name: str) -> int | None:
+        """What the sandbox holds that the kernel cannot simply drop: its charge (``charged``)
+        less its inactive file cache (Kubernetes' working set; tmpfs and /dev/shm pages are not
+        file cache, so they count)."""
+        usage = self.charged(name)
+        if usage is None:
+            return None
+        key = "total_inactive_file" if self.version == "v1" else "inactive_file"
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.bases["memory"] / name / "memory.stat").read_text().splitlines():
+                field_name, _, value = line.partition(" ")
+                if field_name == key:
+                    return max(usage - int(value), 0)
+        return usage
 
     def set_memory_limit(self, name: str, limit_bytes: int) -> bool:
         """Change a live sandbox's memory limit (the pressure guard's squeeze and its lift)."""

@@ -72,10 +72,14 @@ def disk_split(disk_bytes: int) -> tuple[int, int]:
 # passed as $1). A server that died before the parent-death signal was set (PR_SET_PDEATHSIG, by
 # setpriv right before this shell) reparented it: it exits instead of starting a sandbox nobody owns.
 PARENT_CHECK = '[ "$PPID" = "$1" ] || exit 125; shift; '
-JOIN_CGROUPS = (
-    'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; '
-    "echo 0 > /proc/self/oom_score_adj 2>/dev/null; "
-)
+# Every host process of a sandbox (bwrap and its agent, gVisor's sentry and gofer) is this far
+# ahead of the server (-900, or 0 when it may not lower its score) and of an orchestrator (0) in
+# the host OOM killer's line; its jobs (guest/agent.py's OOM_FIRST) are further ahead still, at
+# 1000. Raising a score needs no privilege; written by a root server's launch shell, it is also
+# the floor (the kernel's oom_score_adj_min): nothing in the sandbox may lower itself below it.
+SANDBOX_OOM_SCORE_ADJ = 800
+JOIN_CGROUPS = 'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; unset PS_CGROUPS; '
+OOM_AHEAD = f"echo {SANDBOX_OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
 
 
 def launch(
@@ -87,9 +91,9 @@ def launch(
     stdin: int | None = None,
     stdout: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them (and gives up
-    the server's OOM protection: under host memory pressure the kernel picks a sandbox's process,
-    never the server; see admission.py), then execs ``argv``, so nothing of the sandbox runs
+    """Start a sandbox's first process inside its cgroups: a tiny ``sh`` joins them (and puts the
+    sandbox ahead of the server and its neighbours' orchestrators in the host OOM killer's line:
+    ``SANDBOX_OOM_SCORE_ADJ``), then execs ``argv``, so nothing of the sandbox runs
     unlimited. ``uid``: drop to it (and no groups) right before ``argv`` (a root server's
     per-sandbox uid). ``stdin``, ``stdout``: fds for its stdin and stdout (default /dev/null).
 
@@ -107,13 +111,13 @@ def launch(
         if pdeathsig:
             drop += ["--pdeathsig", "KILL", "/bin/sh", "-c", PARENT_CHECK + 'exec "$@"', "sh", parent]
         argv = [*drop, *argv]
-    script = 'exec "$@"'
+    script = OOM_AHEAD + 'exec "$@"'
     if procs_files:
         env["PS_CGROUPS"] = "\n".join(str(p) for p in procs_files)
         script = JOIN_CGROUPS + script
     if pdeathsig:
         argv = [SETPRIV, "--pdeathsig", "KILL", "/bin/sh", "-c", PARENT_CHECK + script, "sh", parent, *argv]
-    elif procs_files:
+    else:
         argv = ["/bin/sh", "-c", script, "sh", *argv]
     return subprocess.Popen(
         argv,

@@ -20,6 +20,7 @@ async def healthz(manager: Manager) -> dict[str, Any]:
         "sandboxes": len(manager.sandboxes),
         "tearing_down": manager.tearing_down,
         "isolation": manager.backend.name,
+        "memory": manager.memory_health(),
     }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from pandastack_local.isolation import mountns, seccomp
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap import memory_fork, sandbox
-from pandastack_local.isolation.bwrap.socket_guard import SocketGuard
+from pandastack_local.isolation.bwrap.socket_guard import SocketGuard, kill_job
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.isolation.process import SandboxProcess, kill, reap_leftovers
@@ -127,6 +127,9 @@ class BwrapBackend:
     def kill(self, sp: SandboxProcess) -> None:
         kill(sp, self.cgroups)
         self.release(sp.name)
+
+    def stop_job(self, sp: SandboxProcess) -> int | None:
+        return kill_job(self.cgroups, sp)
 
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
         return reap_leftovers(sandboxes_dir, self.cgroups)

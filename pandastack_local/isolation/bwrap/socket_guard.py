@@ -154,16 +154,25 @@ class SocketGuard:
         )
 
     def _kill_job(self, w: _Watched) -> int:
-        """SIGKILL every process of the sandbox but bwrap and the agent; again, for what forked
-        meanwhile. (No freezer: thawing afterwards would resume a sandbox its client paused.)"""
-        killed: set[int] = set()
-        for _ in range(3):
-            pids = self.cgroups.pids(w.sp.name) or host_descendants(w.sp.pid)
-            victims = [pid for pid in pids if pid not in (w.sp.pid, w.agent, *killed)]
-            if not victims:
-                break
-            for pid in victims:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            killed.update(victims)
-        return len(killed)
+        return kill_job(self.cgroups, w.sp, w.agent) or 0
+
+
+def kill_job(cgroups: Cgroups, sp: SandboxProcess, agent: int = 0) -> int | None:
+    """SIGKILL every process of the sandbox but bwrap and the agent (its job's exec answers 137,
+    as after an OOM kill; the sandbox lives); again, for what forked meanwhile. None when the agent
+    cannot be told apart (not up, or gone). (No freezer: thawing afterwards would resume a sandbox
+    its client paused.)"""
+    agent = agent or _agent_pid(sp.pid)
+    if not agent:
+        return None
+    killed: set[int] = set()
+    for _ in range(3):
+        pids = cgroups.pids(sp.name) or host_descendants(sp.pid)
+        victims = [pid for pid in pids if pid not in (sp.pid, agent, *killed)]
+        if not victims:
+            break
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed.update(victims)
+    return len(killed)

@@ -624,6 +624,11 @@ class GvisorBackend:
             self.uids.give_back(name)
             self.uids.give_back(f"{name}/s")
 
+    def stop_job(self, sp: process.SandboxProcess) -> int | None:
+        """None: a job's memory is the sentry's, and the sentry keeps the pages of a job that
+        ended (for its own reuse), so only stopping the sandbox gives them back to the host."""
+        return None
+
     def reap_leftovers(self, sandboxes_dir: Path) -> list[str]:
         return process.reap_leftovers(sandboxes_dir, self.cgroups)
 
