@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 
 from ..connection import ConnectionConfig
-from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
+from . import BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
 
 EXAMPLES = """brokers:
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         transport = open_transport(args.broker, getattr(args, "lease", 60.0))
     except ValueError as exc:
-        print(f"pandastack-jobs: --broker: {exc} ({', '.join(SCHEMES)})", file=sys.stderr)
+        print(f"pandastack-jobs: --broker: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
         print(f"pandastack-jobs: {exc}: pip install 'pandastack-workflows[queue]'", file=sys.stderr)
