@@ -40,13 +40,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger(__name__)
 
+_LIBRDKAFKA_LOG = logging.getLogger(__name__ + ".librdkafka")
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
@@ -62,6 +71,22 @@ _FENCED = frozenset(
     }
 )
 _DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
+# Settings from the URL that only one kind of client takes (the others would warn about them).
+_CONSUMER_ONLY = frozenset(
+    {
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+        "group.instance.id",
+        "group.protocol",
+        "auto.offset.reset",
+        "fetch.min.bytes",
+        "fetch.wait.max.ms",
+        "fetch.max.bytes",
+        "isolation.level",
+    }
+)
+_PRODUCER_ONLY = frozenset({"linger.ms", "acks", "compression.type", "batch.size", "message.timeout.ms"})
 
 
 @dataclass
@@ -155,12 +180,19 @@ class KafkaTransport(Transport):
 
     # -- connection ------------------------------------------------------------------------------
 
-    def _conf(self, **extra: Any) -> dict[str, Any]:
+    def _conf(self, role: str, **extra: Any) -> dict[str, Any]:
+        """The settings of a ``consumer``, ``producer`` or ``admin`` client: the URL's own
+        librdkafka settings that apply to it, then ``extra``."""
+        skip = (_PRODUCER_ONLY if role != "producer" else frozenset()) | (
+            _CONSUMER_ONLY if role != "consumer" else frozenset()
+        )
+        given = {k: v for k, v in self._client_conf.items() if k not in skip}
         return {
             "bootstrap.servers": self._hosts,
             "client.id": f"pandastack-{self._id}",
             "error_cb": self._on_error,
-            **self._client_conf,
+            "logger": _LIBRDKAFKA_LOG,
+            **given,
             **extra,
         }
 
@@ -173,7 +205,7 @@ class KafkaTransport(Transport):
         """Create the clients and the topics on the first call; afterwards, check the broker is
         reachable again (librdkafka reconnects by itself; the group membership is kept)."""
         if self._producer is None:
-            self._producer = Producer(self._conf(**{"enable.idempotence": True, "linger.ms": 5}))
+            self._producer = Producer(self._conf("producer", **{"enable.idempotence": True, "linger.ms": 5}))
             self._ensure_topics()
             return
         try:
@@ -183,7 +215,7 @@ class KafkaTransport(Transport):
         self._down = None
 
     def _ensure_topics(self) -> None:
-        admin = AdminClient(self._conf())
+        admin = AdminClient(self._conf("admin"))
         try:
             existing = set(admin.list_topics(timeout=10).topics)
         except KafkaException as exc:
@@ -205,6 +237,7 @@ class KafkaTransport(Transport):
         """Join the group on the first receive (a transport that only sends never joins)."""
         if self._consumer is None:
             conf = self._conf(
+                "consumer",
                 **{
                     "group.id": self.group,
                     "enable.auto.commit": False,
@@ -212,7 +245,7 @@ class KafkaTransport(Transport):
                     "auto.offset.reset": "earliest",
                     "partition.assignment.strategy": "cooperative-sticky",
                     "heartbeat.interval.ms": 1000,
-                }
+                },
             )
             self._consumer = Consumer(conf)
         if not self._subscribed:
@@ -241,6 +274,12 @@ class KafkaTransport(Transport):
     # -- rebalances ------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._adopt(consumer, partitions)
+        logger.info("kafka: assigned %s", _names(partitions))
+
+    def _adopt(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Start keeping ``partitions`` from their committed offsets (and the starts recorded
+        with them); returns the committed positions."""
         committed = consumer.committed(partitions, timeout=10) if partitions else []
         for tp in committed:
             starts: dict[int, int] = {}
@@ -253,7 +292,7 @@ class KafkaTransport(Transport):
             self._parts[(tp.topic, tp.partition)] = _Part(
                 epoch=next(self._epochs), committed=point, high=max(point, 0), starts=starts
             )
-        logger.info("kafka: assigned %s", _names(partitions))
+        return list(committed)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget([(tp.topic, tp.partition) for tp in partitions])
@@ -314,7 +353,15 @@ class KafkaTransport(Transport):
             )
             self._resume_due()
         if out:
-            self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})
+            tps = {(r.topic, r.partition) for r in (d.handle for d in out)}
+            try:
+                self._commit(tps)  # the starts: a next owner counts these deliveries
+            except LeaseLost as exc:
+                # The group moved on (e.g. the broker restarted): these partitions are no
+                # longer ours to hand out; what the client still holds is taken up again.
+                logger.warning("kafka: %s; handing out nothing of it", exc)
+                self._forget(list(tps))
+                return []
         return out
 
     def _take(self, msgs: list[Message]) -> None:
@@ -332,7 +379,11 @@ class KafkaTransport(Transport):
             topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
             tp = (topic, partition)
             part = self._parts.get(tp)
-            if part is None or tp in held:
+            if tp in held:
+                continue
+            if part is None:
+                self._readopt(topic, partition)
+                held.add(tp)
                 continue
             ref = self._ref(m, part, topic, partition, offset)
             if topic == self.retry_topic:
@@ -347,6 +398,19 @@ class KafkaTransport(Transport):
             part.open.add(offset)
             part.high = max(part.high, offset + 1)
             self._buffer.append(_Record(ref, m.value() or b""))
+
+    def _readopt(self, topic: str, partition: int) -> None:
+        """A record of a partition we forgot (a fenced commit) that the client still has
+        assigned: keep it again from its committed offset, where the next owner would start."""
+        assert self._consumer is not None
+        tp = TopicPartition(topic, partition)
+        if not any((a.topic, a.partition) == (topic, partition) for a in self._consumer.assignment()):
+            return
+        (at,) = self._adopt(self._consumer, [tp])
+        self._consumer.seek(
+            TopicPartition(topic, partition, at.offset if at.offset >= 0 else OFFSET_BEGINNING)
+        )
+        logger.info("kafka: %s[%d] taken up again from its committed offset", topic, partition)
 
     def _ref(self, m: Message, part: _Part, topic: str, partition: int, offset: int) -> _Ref:
         mid, prior = f"{partition}-{offset}", 0
