@@ -118,6 +118,19 @@ class _Part:
     high: int  # one past the highest offset taken
     open: set[int] = field(default_factory=set)
     starts: dict[int, int] = field(default_factory=dict)  # open offset -> deliveries started
+    settled: list[tuple[int, int]] = field(default_factory=list)  # [a, b) past the point, done before
+
+    def was_settled(self, offset: int) -> bool:
+        return any(a <= offset < b for a, b in self.settled)
+
+    def settled_ranges(self) -> list[list[int]]:
+        """The offsets past the commit point that are settled, as ``[a, b)`` ranges (between
+        the open ones: at most one more range than open offsets)."""
+        out: list[list[int]] = []
+        for lo, hi in itertools.pairwise([*sorted(self.open), self.high]):
+            if hi > lo + 1:
+                out.append([lo + 1, hi])
+        return out
 
     def commit_point(self) -> int:
         return min(self.open) if self.open else self.high
@@ -125,10 +138,17 @@ class _Part:
     def metadata(self) -> str:
         point = self.commit_point()
         starts = {str(o): n for o, n in sorted(self.starts.items()) if o >= point}
-        text = json.dumps({"starts": starts}, separators=(",", ":"))
-        while len(text) > _META_BYTES and starts:  # too many open: the oldest counts drop first
-            starts.pop(next(iter(starts)))
-            text = json.dumps({"starts": starts}, separators=(",", ":"))
+        settled = self.settled_ranges()
+        doc = {"starts": starts, "settled": settled}
+        text = json.dumps(doc, separators=(",", ":"))
+        while len(text) > _META_BYTES and (settled or starts):
+            # Too many open offsets to say it all: a settled message may run again, a count
+            # may start lower; never the other way round.
+            if settled:
+                settled.pop()
+            else:
+                starts.pop(next(iter(starts)))
+            text = json.dumps(doc, separators=(",", ":"))
         return text
 
 
@@ -166,9 +186,11 @@ class KafkaTransport(Transport):
             raise ValueError("kafka URL: give the bootstrap servers, e.g. kafka://127.0.0.1:9092?topic=jobs")
         self._client_conf = {k: v for k, v in query.items() if "." in k}
         self._id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._consumer: Consumer | None = None
+        # One consumer per topic, each in its own group (``group`` and ``group.retry``), so each
+        # topic's partitions are balanced over the members on their own: one group over both
+        # topics may hand a newcomer all the main partitions and none of the retry ones.
+        self._consumers: dict[str, Consumer] = {}
         self._producer: Producer | None = None
-        self._subscribed = False
         self._parts: dict[tuple[str, int], _Part] = {}
         self._epochs = itertools.count(1)
         self._buffer: list[_Record] = []
@@ -233,13 +255,15 @@ class KafkaTransport(Transport):
         meta = admin.list_topics(self.topic, timeout=10).topics.get(self.topic)
         self._main_partitions = len(meta.partitions) if meta and meta.partitions else self.partitions
 
-    def _subscribe(self) -> Consumer:
-        """Join the group on the first receive (a transport that only sends never joins)."""
-        if self._consumer is None:
+    def _subscribe(self) -> None:
+        """Join the groups on the first receive (a transport that only sends never joins)."""
+        if self._consumers:
+            return
+        for topic, group in ((self.topic, self.group), (self.retry_topic, f"{self.group}.retry")):
             conf = self._conf(
                 "consumer",
                 **{
-                    "group.id": self.group,
+                    "group.id": group,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "auto.offset.reset": "earliest",
@@ -247,25 +271,25 @@ class KafkaTransport(Transport):
                     "heartbeat.interval.ms": 1000,
                 },
             )
-            self._consumer = Consumer(conf)
-        if not self._subscribed:
-            self._consumer.subscribe(
-                [self.topic, self.retry_topic],
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_revoke,
+            consumer = Consumer(conf)
+            consumer.subscribe(
+                [topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
             )
-            self._subscribed = True
-        return self._consumer
+            self._consumers[topic] = consumer
+
+    def _consume(self, n: int, timeout: float) -> list[Message]:
+        """Up to ``n`` records from both consumers, waiting at most ``timeout`` on the main one."""
+        got = self._consumers[self.retry_topic].consume(n, 0)
+        return got + self._consumers[self.topic].consume(max(1, n - len(got)), 0 if got else timeout)
 
     def close(self) -> None:
-        if self._consumer is not None:
-            try:
-                self._consumer.close()  # leaves the group: its partitions move at once
-            except (KafkaException, RuntimeError):
-                pass
-            self._consumer = None
-            self._subscribed = False
+        if self._consumers:
+            for consumer in self._consumers.values():
+                try:
+                    consumer.close()  # leaves the group: its partitions move at once
+                except (KafkaException, RuntimeError):
+                    pass
+            self._consumers = {}
             self._forget(list(self._parts))
         if self._producer is not None:
             self._producer.flush(_FLUSH_SECONDS)
@@ -283,14 +307,20 @@ class KafkaTransport(Transport):
         committed = consumer.committed(partitions, timeout=10) if partitions else []
         for tp in committed:
             starts: dict[int, int] = {}
+            settled: list[tuple[int, int]] = []
             try:
                 doc = json.loads(tp.metadata or "{}")
                 starts = {int(o): int(n) for o, n in doc.get("starts", {}).items()}
+                settled = [(int(a), int(b)) for a, b in doc.get("settled", [])]
             except (ValueError, TypeError, AttributeError):
-                starts = {}  # not ours to read: counts start again
+                starts, settled = {}, []  # not ours to read: counts start again
             point = tp.offset if tp.offset >= 0 else -1
             self._parts[(tp.topic, tp.partition)] = _Part(
-                epoch=next(self._epochs), committed=point, high=max(point, 0), starts=starts
+                epoch=next(self._epochs),
+                committed=point,
+                high=max(point, 0),
+                starts=starts,
+                settled=settled,
             )
         return list(committed)
 
@@ -317,7 +347,7 @@ class KafkaTransport(Transport):
     def heartbeat(self) -> None:
         """Poll between receives, so rebalances and errors are served while every slot is busy;
         records go to a bounded buffer, and past it the partitions pause."""
-        if self._consumer is None:
+        if not self._consumers:
             return
         if self._down:
             down, self._down = self._down, None
@@ -326,19 +356,19 @@ class KafkaTransport(Transport):
         room = _PREFETCH - len(self._buffer)
         if room > 0:
             self._resume_full()
-            self._take(self._consumer.consume(room, 0))
+            self._take(self._consume(room, 0))
         else:
             if not self._full_paused:
-                self._full_paused = [
-                    tp
-                    for tp in self._consumer.assignment()
-                    if (tp.topic, tp.partition) not in self._due_pauses
-                ]
-                self._consumer.pause(self._full_paused)
-            self._take(self._consumer.consume(1, 0))
+                for consumer in self._consumers.values():
+                    tps = [
+                        tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._due_pauses
+                    ]
+                    consumer.pause(tps)
+                    self._full_paused += tps
+            self._take(self._consume(1, 0))
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
-        consumer = self._subscribe()
+        self._subscribe()
         self._resume_due()
         if len(self._buffer) < _PREFETCH:
             self._resume_full()
@@ -349,7 +379,7 @@ class KafkaTransport(Transport):
             if out or left <= 0:
                 break
             self._take(
-                consumer.consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
+                self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
             )
             self._resume_due()
         if out:
@@ -389,27 +419,26 @@ class KafkaTransport(Transport):
             if topic == self.retry_topic:
                 due = _float(_headers(m).get("not_before"))
                 if due > now:
-                    assert self._consumer is not None
-                    self._consumer.seek(TopicPartition(topic, partition, offset))
-                    self._consumer.pause([TopicPartition(topic, partition)])
+                    self._consumers[topic].seek(TopicPartition(topic, partition, offset))
+                    self._consumers[topic].pause([TopicPartition(topic, partition)])
                     self._due_pauses[tp] = due
                     held.add(tp)
                     continue
-            part.open.add(offset)
             part.high = max(part.high, offset + 1)
+            if part.was_settled(offset):
+                continue  # settled by the previous owner, past its commit point: not again
+            part.open.add(offset)
             self._buffer.append(_Record(ref, m.value() or b""))
 
     def _readopt(self, topic: str, partition: int) -> None:
         """A record of a partition we forgot (a fenced commit) that the client still has
         assigned: keep it again from its committed offset, where the next owner would start."""
-        assert self._consumer is not None
+        consumer = self._consumers[topic]
         tp = TopicPartition(topic, partition)
-        if not any((a.topic, a.partition) == (topic, partition) for a in self._consumer.assignment()):
+        if not any((a.topic, a.partition) == (topic, partition) for a in consumer.assignment()):
             return
-        (at,) = self._adopt(self._consumer, [tp])
-        self._consumer.seek(
-            TopicPartition(topic, partition, at.offset if at.offset >= 0 else OFFSET_BEGINNING)
-        )
+        (at,) = self._adopt(consumer, [tp])
+        consumer.seek(TopicPartition(topic, partition, at.offset if at.offset >= 0 else OFFSET_BEGINNING))
         logger.info("kafka: %s[%d] taken up again from its committed offset", topic, partition)
 
     def _ref(self, m: Message, part: _Part, topic: str, partition: int, offset: int) -> _Ref:
@@ -451,18 +480,20 @@ class KafkaTransport(Transport):
         return out
 
     def _resume_due(self) -> None:
-        if not self._due_pauses or self._consumer is None:
+        if not self._due_pauses or not self._consumers:
             return
         now = time.time()
         due = [tp for tp, at in self._due_pauses.items() if at <= now]
         for tp in due:
             del self._due_pauses[tp]
         if due:
-            self._consumer.resume([TopicPartition(t, p) for t, p in due])
+            for t, p in due:
+                self._consumers[t].resume([TopicPartition(t, p)])
 
     def _resume_full(self) -> None:
-        if self._full_paused and self._consumer is not None:
-            self._consumer.resume(self._full_paused)
+        if self._full_paused and self._consumers:
+            for tp in self._full_paused:
+                self._consumers[tp.topic].resume([tp])
             self._full_paused = []
 
     # -- settling --------------------------------------------------------------------------------
@@ -484,7 +515,7 @@ class KafkaTransport(Transport):
 
     def _commit(self, tps: set[tuple[str, int]]) -> None:
         """Commit each partition's point (never past an open offset) with its starts."""
-        if self._consumer is None:
+        if not self._consumers:
             return
         offsets = []
         for t, p in tps:
@@ -495,14 +526,14 @@ class KafkaTransport(Transport):
             for o in [o for o in part.starts if o < point]:
                 del part.starts[o]
             offsets.append(TopicPartition(t, p, max(point, 0), metadata=part.metadata()))
-        if not offsets:
-            return
-        try:
-            for tp in self._consumer.commit(offsets=offsets, asynchronous=False) or []:
-                if tp.error is not None:
-                    self._commit_failed(tp.error)
-        except KafkaException as exc:
-            self._commit_failed(exc.args[0])
+        for topic in {tp.topic for tp in offsets}:
+            mine = [tp for tp in offsets if tp.topic == topic]
+            try:
+                for tp in self._consumers[topic].commit(offsets=mine, asynchronous=False) or []:
+                    if tp.error is not None:
+                        self._commit_failed(tp.error)
+            except KafkaException as exc:
+                self._commit_failed(exc.args[0])
         for tp in offsets:
             part = self._parts.get((tp.topic, tp.partition))
             if part is not None:
@@ -568,11 +599,14 @@ class KafkaTransport(Transport):
         self._publish(self.reply_topic, body, None, {})
 
     def send(self, body: bytes, message_id: str | None = None, key: bytes | str | None = None) -> None:
-        """Produce ``body`` to the topic. ``key`` (e.g. the tenant) picks the partition, so one
-        key's messages keep their order; without one, partitions are taken in turn.
+        """Produce ``body`` to the topic. ``key`` (by default the message's ``tenant``) picks the
+        partition, so one key's messages keep their order; without one, partitions are taken in
+        turn.
         ``message_id`` is not sent: a Kafka message's id is its partition and offset."""
         if self._producer is None:
             raise BrokerUnavailable("Kafka: not connected")
+        if key is None:
+            key = _tenant(body)
         if isinstance(key, str):
             key = key.encode()
         try:
@@ -591,6 +625,16 @@ def dead_reason(headers: list[tuple[str, bytes]] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a record of ``<topic>.dead`` carries."""
     raw = dict(headers or {}).get("why")
     return json.loads(raw) if raw else {}
+
+
+def _tenant(body: bytes) -> str | None:
+    """The message's ``tenant``, when it is a JSON object with a string one (else no key)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    tenant = doc.get("tenant") if isinstance(doc, dict) else None
+    return tenant if isinstance(tenant, str) and tenant else None
 
 
 def _headers(m: Message) -> dict[str, str]:

@@ -442,7 +442,7 @@ class Kafka(Broker):
             "&session.timeout.ms=3000&heartbeat.interval.ms=500"
         )
 
-    def _read(self, topic: str) -> list[Any]:
+    def records(self, topic: str) -> list[Any]:
         """Every record of ``topic`` so far, oldest first per partition."""
         from confluent_kafka import Consumer, TopicPartition
 
@@ -469,29 +469,50 @@ class Kafka(Broker):
             c.close()
 
     def results(self, queue: str) -> list[dict[str, Any]]:
-        return [json.loads(m.value()) for m in self._read(f"{queue}.results")]
+        return [json.loads(m.value()) for m in self.records(f"{queue}.results")]
 
     def dead(self, queue: str) -> list[dict[str, Any]]:
         from pandastack_jobs.queue.kafka import dead_reason
 
-        return [{"body": m.value(), "why": dead_reason(m.headers())} for m in self._read(f"{queue}.dead")]
+        return [{"body": m.value(), "why": dead_reason(m.headers())} for m in self.records(f"{queue}.dead")]
 
-    def depth(self, queue: str) -> int:
-        """Records past the group's committed offset, in the topic and its retry topic."""
+    def produce(
+        self, queue: str, body: bytes, partition: int = 0, headers: dict[str, str] | None = None
+    ) -> None:
+        """A record straight onto one partition of the topic, as any producer could write it."""
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": f"127.0.0.1:{self.port}"})
+        p.produce(queue, value=body, partition=partition, headers=list((headers or {}).items()))
+        assert p.flush(10) == 0
+
+    def committed(self, queue: str) -> dict[int, int]:
+        """The group's committed offset per partition of the topic (-1: none yet)."""
         from confluent_kafka import Consumer, TopicPartition
 
         c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": "workers"})
         try:
-            total = 0
-            for topic in (queue, f"{queue}.retry"):
+            tps = [TopicPartition(queue, p) for p in (0, 1)]
+            return {tp.partition: max(tp.offset, -1) for tp in c.committed(tps, timeout=10)}
+        finally:
+            c.close()
+
+    def depth(self, queue: str) -> int:
+        """Records past the groups' committed offsets, in the topic and its retry topic."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        total = 0
+        for topic, group in ((queue, "workers"), (f"{queue}.retry", "workers.retry")):
+            c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": group})
+            try:
                 meta = c.list_topics(topic, timeout=10).topics.get(topic)
                 tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)] if meta else []
                 for tp in c.committed(tps, timeout=10) if tps else []:
                     low, high = c.get_watermark_offsets(tp, timeout=10)
                     total += high - (tp.offset if tp.offset >= 0 else low)
-            return total
-        finally:
-            c.close()
+            finally:
+                c.close()
+        return total
 
 
 def kafka_jars() -> Path:
