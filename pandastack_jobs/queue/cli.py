@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pandastack_workflows.install import install_line
 
 from ..connection import ConnectionConfig
-from . import SCHEMES, BrokerUnavailable, Consumer, Transport, open_transport
+from . import BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
 from .outage import EXIT_API_KEY_REJECTED, EXIT_API_UNREACHABLE, ApiCheckError, describe_api, probe
 
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         transport = open_transport(args.broker, getattr(args, "lease", 60.0))
     except ValueError as exc:
-        print(f"pandastack-jobs: --broker: {exc} ({', '.join(SCHEMES)})", file=sys.stderr)
+        print(f"pandastack-jobs: --broker: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
         print(

@@ -295,6 +295,7 @@ class Consumer:
                     self.stop()
                 self._collect()
                 self._broker(self.transport.heartbeat)
+                self._drop_lost()
                 self._settle_finished()
                 self._watch_api()
                 if self._stop.is_set():
@@ -732,6 +733,19 @@ class Consumer:
                     return
             except LeaseLost as exc:
                 logger.warning("message %s: could not extend its lease (%s)", work.delivery.message_id, exc)
+
+    def _drop_lost(self) -> None:
+        """Cancel the jobs, and forget the waiting messages, whose deliveries the transport lost
+        (a Kafka rebalance moved their partition): their new owner runs them again, so running
+        them on here would only run them twice. Their settlement then finds them lost."""
+        for work in self._running.values():
+            if not work.drained and self.transport.lost(work.delivery):
+                logger.info("message %s: its delivery was lost; cancelling its job", work.delivery.message_id)
+                work.drained = True
+                work.handle.cancel()
+        lost = [w for w in self._pending if self.transport.lost(w.delivery)]
+        for work in lost:
+            self._pending.remove(work)
 
     def _cancel_running(self) -> None:
         for work in self._running.values():

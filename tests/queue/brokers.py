@@ -1,7 +1,8 @@
 """The real brokers of the queue tests, started from nothing on loopback and free ports.
 
 Redis (with AOF, so a restart keeps the stream), PostgreSQL, RabbitMQ (its own
-epmd, as the ``rabbitmq`` user) and moto's SQS-compatible server, each under
+epmd, as the ``rabbitmq`` user), moto's SQS-compatible server and Apache Kafka
+(KRaft, its jars fetched once by tests/queue/kafka/jars.sh), each under
 the run's :class:`e2e.procs.ProcessGroup`, which logs them and records their
 process groups for ``tests/queue/run.sh`` to kill whatever is left. Each broker
 also reads back what the consumer wrote (results, dead letters, depth) with its
@@ -10,6 +11,7 @@ own client library.
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
@@ -18,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -378,7 +381,161 @@ class SQS(Broker):
         return sum(int(attrs.get(n, 0)) for n in names)
 
 
-KINDS: dict[str, type[Broker]] = {"redis": Redis, "postgres": Postgres, "rabbitmq": RabbitMQ, "sqs": SQS}
+class Kafka(Broker):
+    """Apache Kafka itself (KRaft, one node as broker and controller), from the jars
+    tests/queue/kafka/jars.sh resolves (cached), on ``java -cp``: a small heap, one CPU's worth of
+    threads, two partitions per topic, short group timeouts, so it starts in seconds."""
+
+    name = "kafka"
+
+    def __init__(self, group: ProcessGroup) -> None:
+        super().__init__(group)
+        jars = kafka_jars()
+        self.controller_port = free_port()
+        props = self.dir / "server.properties"
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    f"log.dirs={self.dir / 'data'}",
+                    "num.partitions=2",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=2",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "group.min.session.timeout.ms=1000",
+                    "num.network.threads=2",
+                    "num.io.threads=2",
+                    "background.threads=2",
+                    "log.flush.interval.messages=1",
+                    "",
+                ]
+            )
+        )
+        java = shutil.which("java") or "java"
+        jvm = [java, "-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+        jvm += ["-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{jars}/*"]
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        run(
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)],
+            timeout=120,
+            log=group.log_dir / "kafka-format.log",
+        )
+        self._start([*jvm, "kafka.Kafka", str(props)])
+
+    def ready(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({"bootstrap.servers": f"127.0.0.1:{self.port}"}).list_topics(timeout=2)
+        except Exception:  # not up yet
+            return False
+        return True
+
+    def url(self, queue: str) -> str:
+        # Short group timeouts: a SIGKILLed consumer's partitions move within seconds.
+        return (
+            f"kafka://127.0.0.1:{self.port}?topic={queue}&group=workers&partitions=2"
+            "&session.timeout.ms=3000&heartbeat.interval.ms=500"
+        )
+
+    def records(self, topic: str) -> list[Any]:
+        """Every record of ``topic`` so far, oldest first per partition."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer(
+            {"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": f"reader-{uuid.uuid4().hex[:6]}"}
+        )
+        try:
+            meta = c.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or not meta.partitions:
+                return []
+            out: list[Any] = []
+            for p in sorted(meta.partitions):
+                low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high <= low:
+                    continue
+                c.assign([TopicPartition(topic, p, low)])
+                got: list[Any] = []
+                deadline = time.monotonic() + 10
+                while len(got) < high - low and time.monotonic() < deadline:
+                    got += [m for m in c.consume(high - low - len(got), 0.5) if m.error() is None]
+                out += got
+            return out
+        finally:
+            c.close()
+
+    def results(self, queue: str) -> list[dict[str, Any]]:
+        return [json.loads(m.value()) for m in self.records(f"{queue}.results")]
+
+    def dead(self, queue: str) -> list[dict[str, Any]]:
+        from pandastack_jobs.queue.kafka import dead_reason
+
+        return [{"body": m.value(), "why": dead_reason(m.headers())} for m in self.records(f"{queue}.dead")]
+
+    def produce(
+        self, queue: str, body: bytes, partition: int = 0, headers: dict[str, str] | None = None
+    ) -> None:
+        """A record straight onto one partition of the topic, as any producer could write it."""
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": f"127.0.0.1:{self.port}"})
+        p.produce(queue, value=body, partition=partition, headers=list((headers or {}).items()))
+        assert p.flush(10) == 0
+
+    def committed(self, queue: str) -> dict[int, int]:
+        """The group's committed offset per partition of the topic (-1: none yet)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": "workers"})
+        try:
+            tps = [TopicPartition(queue, p) for p in (0, 1)]
+            return {tp.partition: max(tp.offset, -1) for tp in c.committed(tps, timeout=10)}
+        finally:
+            c.close()
+
+    def depth(self, queue: str) -> int:
+        """Records past the groups' committed offsets, in the topic and its retry topic."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        total = 0
+        for topic, group in ((queue, "workers"), (f"{queue}.retry", "workers.retry")):
+            c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": group})
+            try:
+                meta = c.list_topics(topic, timeout=10).topics.get(topic)
+                tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)] if meta else []
+                for tp in c.committed(tps, timeout=10) if tps else []:
+                    low, high = c.get_watermark_offsets(tp, timeout=10)
+                    total += high - (tp.offset if tp.offset >= 0 else low)
+            finally:
+                c.close()
+        return total
+
+
+def kafka_jars() -> Path:
+    """The directory of Kafka's jars (fetched with Maven the first time, then cached)."""
+    script = Path(__file__).parent / "kafka" / "jars.sh"
+    out = subprocess.run([str(script)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise AssertionError(f"fetching Kafka's jars failed: {out.stderr}")
+    return Path(out.stdout.strip())
+
+
+KINDS: dict[str, type[Broker]] = {
+    "redis": Redis,
+    "postgres": Postgres,
+    "rabbitmq": RabbitMQ,
+    "sqs": SQS,
+    "kafka": Kafka,
+}
 
 
 def run_dir() -> Path:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-queue: the queue consumer on real brokers, from nothing, on loopback only.
-# Installs what is missing (Debian redis-server, postgresql, rabbitmq-server; the venv's queue
-# extra), runs tests/queue (whose fixtures start each broker on free ports, as e2e/ does, and
+# Installs what is missing (Debian redis-server, postgresql, rabbitmq-server, a Java 17 runtime
+# and Maven; the venv's queue extra; Apache Kafka's jars, once, into a cache: tests/queue/kafka/),
+# runs tests/queue (whose fixtures start each broker on free ports, as e2e/ does, and
 # stop them), and whatever happened kills every process group the run started and checks that
 # nothing is left running or listening.
 set -euo pipefail
@@ -15,6 +16,8 @@ need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_apt+=(postgresql)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
 if ((${#need_apt[@]})); then
   echo "test-queue: installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
@@ -22,14 +25,18 @@ if ((${#need_apt[@]})); then
   # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
   apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis' 2>/dev/null; then
+if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis, confluent_kafka' 2>/dev/null; then
   echo "test-queue: installing the queue extra into $AF"
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
 fi
-if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis' 2>/dev/null; then
+if ! "$PF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis, confluent_kafka' 2>/dev/null; then
   echo "test-queue: installing the queue extra into $PF"
   "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,test,queue]'
 fi
+# Kafka's jars before the two test processes start (each would otherwise wait on the other's fetch).
+kafka_start=$(date +%s)
+tests/queue/kafka/jars.sh >/dev/null
+echo "test-queue: Kafka's jars ready in $(( $(date +%s) - kafka_start ))s"
 
 RUN_DIR=$(mktemp -d /tmp/pandastack-queue.XXXXXX)
 chmod 755 "$RUN_DIR"

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pandastack
@@ -20,7 +20,7 @@ import pytest
 
 from pandastack_jobs import ConnectionConfig, FailureKind, JobKey, JobSpec
 from pandastack_jobs.lifecycle import reap_before
-from pandastack_jobs.queue import Consumer, DeadLetter, Delivery, Transport, parse
+from pandastack_jobs.queue import Consumer, parse
 from pandastack_jobs.queue.chunks import (
     group_of,
     isolation_key,
@@ -31,6 +31,7 @@ from pandastack_jobs.queue.chunks import (
     rebase,
     run_chunk,
 )
+from pandastack_jobs.queue.memory import MemoryTransport
 from pandastack_jobs.testing import FakeClient, FakeSandbox, Script
 
 
@@ -78,9 +79,9 @@ def test_the_key_can_be_a_string_field_of_the_input() -> None:
     assert isolation_key(j, "input.obj") is None
     assert isolation_key(j, "input.missing") is None
     with pytest.raises(ValueError, match="chunk key"):
-        Consumer(_Memory(), chunk_key="options.template", chunk_size=2)
+        Consumer(MemoryTransport(), chunk_key="options.template", chunk_size=2)
     with pytest.raises(ValueError, match="max_deliveries"):
-        Consumer(_Memory(), chunk_size=2, max_deliveries=1)
+        Consumer(MemoryTransport(), chunk_size=2, max_deliveries=1)
 
 
 def test_rebase_moves_every_work_path_under_the_mates_directory() -> None:
@@ -212,53 +213,6 @@ def test_a_create_failure_is_every_mates_failure(fake: FakeClient) -> None:
 # -- the consumer ----------------------------------------------------------------------------------
 
 
-@dataclass
-class _Memory(Transport):
-    """An in-memory queue: enough of a broker to drive the consumer's chunk logic."""
-
-    name: str = "mem"
-    lease_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        self.waiting: list[Delivery] = []
-        self.acked: list[str] = []
-        self.released: list[str] = []
-        self.dead: list[tuple[str, DeadLetter]] = []
-        self.replies: list[dict[str, Any]] = []
-        self.counts: dict[str, int] = {}
-
-    def put(self, body: dict[str, Any]) -> None:
-        self.send(json.dumps(body).encode(), body["id"])
-
-    def send(self, body: bytes, message_id: str | None = None) -> None:
-        mid = message_id or str(len(self.counts))
-        self.counts[mid] = self.counts.get(mid, 0)
-        self.waiting.append(Delivery(mid, body, 0))
-
-    def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
-        out, self.waiting = self.waiting[:max_messages], self.waiting[max_messages:]
-        for d in out:
-            self.counts[d.message_id] += 1
-            d.count = self.counts[d.message_id]
-        return out
-
-    def ack(self, delivery: Delivery) -> None:
-        self.acked.append(delivery.message_id)
-
-    def release(self, delivery: Delivery, delay_seconds: float) -> None:
-        self.released.append(delivery.message_id)
-        self.waiting.append(Delivery(delivery.message_id, delivery.body, 0))
-
-    def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
-        self.dead.append((delivery.message_id, why))
-
-    def extend(self, delivery: Delivery) -> None:
-        pass
-
-    def reply(self, body: bytes) -> None:
-        self.replies.append(json.loads(body))
-
-
 class _Fake(ConnectionConfig):
     def __init__(self, client: FakeClient) -> None:
         object.__setattr__(self, "_fake", client)
@@ -267,7 +221,7 @@ class _Fake(ConnectionConfig):
         return self._fake  # type: ignore[attr-defined]
 
 
-def consume(fake: FakeClient, t: _Memory, until: Callable[[Any], bool], **kw: Any) -> Any:
+def consume(fake: FakeClient, t: MemoryTransport, until: Callable[[Any], bool], **kw: Any) -> Any:
     kw.setdefault("release_delay", 0)
     kw.setdefault("poll_seconds", 0.05)
     c = Consumer(t, _Fake(fake), **kw)
@@ -279,7 +233,7 @@ def consume(fake: FakeClient, t: _Memory, until: Callable[[Any], bool], **kw: An
 
 
 def test_the_consumer_never_mixes_keys_and_each_mate_is_settled_alone(fake: FakeClient) -> None:
-    t = _Memory()
+    t = MemoryTransport()
     fake.script("fail", exit_code=2, stderr="boom\n")
     fake.script(lambda cmd: "echo" in cmd, result={"fine": True})
     for i in range(12):
@@ -305,7 +259,7 @@ def test_the_consumer_never_mixes_keys_and_each_mate_is_settled_alone(fake: Fake
 
 
 def test_a_dead_chunk_releases_its_unfinished_mates_and_they_come_back_alone(fake: FakeClient) -> None:
-    t = _Memory()
+    t = MemoryTransport()
     died = threading.Event()
 
     def die(sb: FakeSandbox, call: object) -> Script:
@@ -331,7 +285,7 @@ def test_a_dead_chunk_releases_its_unfinished_mates_and_they_come_back_alone(fak
 def test_a_stop_releases_the_messages_waiting_for_a_slot_at_once(fake: FakeClient) -> None:
     """Concurrency 1, chunk size 4, three tenants: two messages wait for the slot; a stop gives
     them back at once while the running one drains and is acked."""
-    t = _Memory()
+    t = MemoryTransport()
     gate = threading.Event()
     fake.script("slow", Script(wait=gate, result={"ok": True}))
     for i, tenant in enumerate(("acme", "globex", "initech")):

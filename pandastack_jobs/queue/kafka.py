@@ -1,0 +1,666 @@
+"""Apache Kafka through confluent-kafka (librdkafka): a consumer group, manual offset commits after
+the result, a consumer-owned retry topic, a dead-letter topic and a reply topic.
+
+Offsets, not messages, are acked in Kafka, and jobs of one partition finish out
+of order: the transport keeps, per assigned partition, the offsets it has taken
+and not yet settled, and commits the lowest of them (or one past the highest
+taken, when none is open): the committed offset never passes an unsettled
+message, so a consumer killed mid-job leaves its messages to the next owner.
+
+The commit also carries, in its metadata (which only a group member can write),
+how often each open offset was started: the next owner's delivery count. A
+release publishes the message to ``<topic>.retry`` with its broker id, its
+count so far and a not-before time in headers (that topic is the consumer's:
+grant producers no write access to it), then settles the original; a retry
+partition whose head is not yet due is paused and resumed when due, so the
+main partitions never wait. Dead letters go to ``<topic>.dead`` (the original
+key and value, the reason in the ``why`` header), results to ``<topic>.results``.
+
+A rebalance revokes partitions between two polls of the loop thread: the
+transport forgets them at once, so :meth:`KafkaTransport.lost` is true for
+their deliveries (the consumer cancels those jobs and settles nothing of them)
+and no offset of theirs is committed by this member afterwards.
+
+With ``order=key`` the messages of one record key (e.g. the tenant) run one at
+a time in offset order, and a release waits here, uncommitted, instead of going
+to the retry topic: other keys go on, this key waits for its retry.
+docs/queues.md ("Kafka") has the semantics in full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+
+logger = logging.getLogger(__name__)
+
+_LIBRDKAFKA_LOG = logging.getLogger(__name__ + ".librdkafka")
+_META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
+_PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
+_FLUSH_SECONDS = 10.0
+# A commit that fails with these means the partition is no longer ours (a rebalance).
+_FENCED = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError.FENCED_INSTANCE_ID,
+        getattr(KafkaError, "STALE_MEMBER_EPOCH", -9999),
+    }
+)
+_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
+# Settings from the URL that only one kind of client takes (the others would warn about them).
+_CONSUMER_ONLY = frozenset(
+    {
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+        "group.instance.id",
+        "group.protocol",
+        "auto.offset.reset",
+        "fetch.min.bytes",
+        "fetch.wait.max.ms",
+        "fetch.max.bytes",
+        "isolation.level",
+    }
+)
+_PRODUCER_ONLY = frozenset({"linger.ms", "acks", "compression.type", "batch.size", "message.timeout.ms"})
+
+
+@dataclass
+class _Ref:
+    """The handle of one delivery: which record of which ownership of its partition."""
+
+    topic: str
+    partition: int
+    offset: int
+    epoch: int
+    key: bytes | None
+    prior: int  # deliveries before this record existed (a retry record's count so far)
+    message_id: str
+
+
+@dataclass
+class _Record:
+    ref: _Ref
+    value: bytes
+    due: float = 0.0  # order=key: a held release waits until this time.time()
+
+
+@dataclass
+class _Part:
+    """One assigned partition: the offsets taken and not settled, and the starts to commit."""
+
+    epoch: int
+    committed: int  # the offset last committed by us (or found committed)
+    high: int  # one past the highest offset taken
+    open: set[int] = field(default_factory=set)
+    starts: dict[int, int] = field(default_factory=dict)  # open offset -> deliveries started
+    settled: list[tuple[int, int]] = field(default_factory=list)  # [a, b) past the point, done before
+
+    def was_settled(self, offset: int) -> bool:
+        return any(a <= offset < b for a, b in self.settled)
+
+    def settled_ranges(self) -> list[list[int]]:
+        """The offsets past the commit point that are settled, as ``[a, b)`` ranges (between
+        the open ones: at most one more range than open offsets)."""
+        out: list[list[int]] = []
+        for lo, hi in itertools.pairwise([*sorted(self.open), self.high]):
+            if hi > lo + 1:
+                out.append([lo + 1, hi])
+        return out
+
+    def commit_point(self) -> int:
+        return min(self.open) if self.open else self.high
+
+    def metadata(self) -> str:
+        point = self.commit_point()
+        starts = {str(o): n for o, n in sorted(self.starts.items()) if o >= point}
+        settled = self.settled_ranges()
+        doc = {"starts": starts, "settled": settled}
+        text = json.dumps(doc, separators=(",", ":"))
+        while len(text) > _META_BYTES and (settled or starts):
+            # Too many open offsets to say it all: a settled message may run again, a count
+            # may start lower; never the other way round.
+            if settled:
+                settled.pop()
+            else:
+                starts.pop(next(iter(starts)))
+            text = json.dumps(doc, separators=(",", ":"))
+        return text
+
+
+class KafkaTransport(Transport):
+    """``kafka://host:port[,host:port]?topic=jobs&group=pandastack`` (more in docs/queues.md).
+
+    ``partitions`` (default 4) is used only when the transport creates its topics; ``order=key``
+    keeps one record key's messages in order; any other query key with a dot in it
+    (``security.protocol``, ``sasl.mechanism``, ``session.timeout.ms``...) goes to librdkafka.
+    """
+
+    lease_seconds: float | None = None  # the group membership is the lease: no per-message extension
+
+    def __init__(self, url: str, lease_seconds: float | None = None) -> None:
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.topic = query.pop("topic", "pandastack-jobs")
+        self.group = query.pop("group", "pandastack")
+        self.name = self.topic
+        try:
+            self.partitions = int(query.pop("partitions", "4"))
+        except ValueError:
+            raise ValueError("kafka URL: partitions must be an integer, e.g. partitions=4") from None
+        order = query.pop("order", "")
+        if order not in ("", "key"):
+            raise ValueError(f"kafka URL: order={order!r} is not 'key' (or leave it out)")
+        self.ordered = order == "key"
+        self.retry_topic, self.dead_topic, self.reply_topic = (
+            f"{self.topic}.retry",
+            f"{self.topic}.dead",
+            f"{self.topic}.results",
+        )
+        self._hosts = parts.netloc.rsplit("@", 1)[-1]
+        if not self._hosts:
+            raise ValueError("kafka URL: give the bootstrap servers, e.g. kafka://127.0.0.1:9092?topic=jobs")
+        self._client_conf = {k: v for k, v in query.items() if "." in k}
+        self._id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # One consumer per topic, each in its own group (``group`` and ``group.retry``), so each
+        # topic's partitions are balanced over the members on their own: one group over both
+        # topics may hand a newcomer all the main partitions and none of the retry ones.
+        self._consumers: dict[str, Consumer] = {}
+        self._producer: Producer | None = None
+        self._parts: dict[tuple[str, int], _Part] = {}
+        self._epochs = itertools.count(1)
+        self._buffer: list[_Record] = []
+        self._due_pauses: dict[tuple[str, int], float] = {}
+        self._full_paused: list[TopicPartition] = []
+        self._busy: dict[bytes, tuple[str, int]] = {}  # order=key: key -> partition of its message out
+        self._down: str | None = None
+        self._rr = itertools.count()
+
+    # -- connection ------------------------------------------------------------------------------
+
+    def _conf(self, role: str, **extra: Any) -> dict[str, Any]:
+        """The settings of a ``consumer``, ``producer`` or ``admin`` client: the URL's own
+        librdkafka settings that apply to it, then ``extra``."""
+        skip = (_PRODUCER_ONLY if role != "producer" else frozenset()) | (
+            _CONSUMER_ONLY if role != "consumer" else frozenset()
+        )
+        given = {k: v for k, v in self._client_conf.items() if k not in skip}
+        return {
+            "bootstrap.servers": self._hosts,
+            "client.id": f"pandastack-{self._id}",
+            "error_cb": self._on_error,
+            "logger": _LIBRDKAFKA_LOG,
+            **given,
+            **extra,
+        }
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() in _DOWN:
+            self._down = err.str()
+        logger.debug("kafka: %s", err.str())
+
+    def connect(self) -> None:
+        """Create the clients and the topics on the first call; afterwards, check the broker is
+        reachable again (librdkafka reconnects by itself; the group membership is kept)."""
+        if self._producer is None:
+            self._producer = Producer(self._conf("producer", **{"enable.idempotence": True, "linger.ms": 5}))
+            self._ensure_topics()
+            return
+        try:
+            self._producer.list_topics(self.topic, timeout=5)
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
+        self._down = None
+
+    def _ensure_topics(self) -> None:
+        admin = AdminClient(self._conf("admin"))
+        try:
+            existing = set(admin.list_topics(timeout=10).topics)
+        except KafkaException as exc:
+            self._producer = None
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
+        wanted = [self.topic, self.retry_topic, self.dead_topic, self.reply_topic]
+        new = [NewTopic(t, num_partitions=self.partitions) for t in wanted if t not in existing]
+        for topic, future in (admin.create_topics(new, operation_timeout=10) if new else {}).items():
+            try:
+                future.result(15)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    self._producer = None
+                    raise BrokerUnavailable(f"Kafka: creating topic {topic}: {exc.args[0].str()}") from None
+        meta = admin.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        self._main_partitions = len(meta.partitions) if meta and meta.partitions else self.partitions
+
+    def _subscribe(self) -> None:
+        """Join the groups on the first receive (a transport that only sends never joins)."""
+        if self._consumers:
+            return
+        for topic, group in ((self.topic, self.group), (self.retry_topic, f"{self.group}.retry")):
+            conf = self._conf(
+                "consumer",
+                **{
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "auto.offset.reset": "earliest",
+                    "partition.assignment.strategy": "cooperative-sticky",
+                    "heartbeat.interval.ms": 1000,
+                },
+            )
+            consumer = Consumer(conf)
+            consumer.subscribe(
+                [topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            )
+            self._consumers[topic] = consumer
+
+    def _consume(self, n: int, timeout: float) -> list[Message]:
+        """Up to ``n`` records from both consumers, waiting at most ``timeout`` on the main one."""
+        got = self._consumers[self.retry_topic].consume(n, 0)
+        return got + self._consumers[self.topic].consume(max(1, n - len(got)), 0 if got else timeout)
+
+    def close(self) -> None:
+        if self._consumers:
+            for consumer in self._consumers.values():
+                try:
+                    consumer.close()  # leaves the group: its partitions move at once
+                except (KafkaException, RuntimeError):
+                    pass
+            self._consumers = {}
+            self._forget(list(self._parts))
+        if self._producer is not None:
+            self._producer.flush(_FLUSH_SECONDS)
+            self._producer = None
+
+    # -- rebalances ------------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._adopt(consumer, partitions)
+        logger.info("kafka: assigned %s", _names(partitions))
+
+    def _adopt(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Start keeping ``partitions`` from their committed offsets (and the starts recorded
+        with them); returns the committed positions."""
+        committed = consumer.committed(partitions, timeout=10) if partitions else []
+        for tp in committed:
+            starts: dict[int, int] = {}
+            settled: list[tuple[int, int]] = []
+            try:
+                doc = json.loads(tp.metadata or "{}")
+                starts = {int(o): int(n) for o, n in doc.get("starts", {}).items()}
+                settled = [(int(a), int(b)) for a, b in doc.get("settled", [])]
+            except (ValueError, TypeError, AttributeError):
+                starts, settled = {}, []  # not ours to read: counts start again
+            point = tp.offset if tp.offset >= 0 else -1
+            self._parts[(tp.topic, tp.partition)] = _Part(
+                epoch=next(self._epochs),
+                committed=point,
+                high=max(point, 0),
+                starts=starts,
+                settled=settled,
+            )
+        return list(committed)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        logger.info("kafka: revoked %s; their running jobs are no longer ours", _names(partitions))
+
+    def _forget(self, tps: list[tuple[str, int]]) -> None:
+        gone = set(tps)
+        for tp in gone:
+            self._parts.pop(tp, None)
+            self._due_pauses.pop(tp, None)
+        self._buffer = [r for r in self._buffer if (r.ref.topic, r.ref.partition) not in gone]
+        self._full_paused = [tp for tp in self._full_paused if (tp.topic, tp.partition) not in gone]
+        self._busy = {k: tp for k, tp in self._busy.items() if tp not in gone}
+
+    def lost(self, delivery: Delivery) -> bool:
+        ref: _Ref = delivery.handle
+        part = self._parts.get((ref.topic, ref.partition))
+        return part is None or part.epoch != ref.epoch
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Poll between receives, so rebalances and errors are served while every slot is busy;
+        records go to a bounded buffer, and past it the partitions pause."""
+        if not self._consumers:
+            return
+        if self._down:
+            down, self._down = self._down, None
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {down}")
+        self._resume_due()
+        room = _PREFETCH - len(self._buffer)
+        if room > 0:
+            self._resume_full()
+            self._take(self._consume(room, 0))
+        else:
+            if not self._full_paused:
+                for consumer in self._consumers.values():
+                    tps = [
+                        tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._due_pauses
+                    ]
+                    consumer.pause(tps)
+                    self._full_paused += tps
+            self._take(self._consume(1, 0))
+
+    def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        self._subscribe()
+        self._resume_due()
+        if len(self._buffer) < _PREFETCH:
+            self._resume_full()
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            out = self._hand_out(max_messages)
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                break
+            self._take(
+                self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
+            )
+            self._resume_due()
+        if out:
+            tps = {(r.topic, r.partition) for r in (d.handle for d in out)}
+            try:
+                self._commit(tps)  # the starts: a next owner counts these deliveries
+            except LeaseLost as exc:
+                # The group moved on (e.g. the broker restarted): these partitions are no
+                # longer ours to hand out; what the client still holds is taken up again.
+                logger.warning("kafka: %s; handing out nothing of it", exc)
+                self._forget(list(tps))
+                return []
+        return out
+
+    def _take(self, msgs: list[Message]) -> None:
+        """Buffer what Kafka handed us; a retry record not yet due pauses its partition there."""
+        held: set[tuple[str, int]] = set()
+        now = time.time()
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() in _DOWN:
+                    self._down = err.str()
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    logger.warning("kafka: %s", err.str())
+                continue
+            topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
+            tp = (topic, partition)
+            part = self._parts.get(tp)
+            if tp in held:
+                continue
+            if part is None:
+                self._readopt(topic, partition)
+                held.add(tp)
+                continue
+            ref = self._ref(m, part, topic, partition, offset)
+            if topic == self.retry_topic:
+                due = _float(_headers(m).get("not_before"))
+                if due > now:
+                    self._consumers[topic].seek(TopicPartition(topic, partition, offset))
+                    self._consumers[topic].pause([TopicPartition(topic, partition)])
+                    self._due_pauses[tp] = due
+                    held.add(tp)
+                    continue
+            part.high = max(part.high, offset + 1)
+            if part.was_settled(offset):
+                continue  # settled by the previous owner, past its commit point: not again
+            part.open.add(offset)
+            self._buffer.append(_Record(ref, m.value() or b""))
+
+    def _readopt(self, topic: str, partition: int) -> None:
+        """A record of a partition we forgot (a fenced commit) that the client still has
+        assigned: keep it again from its committed offset, where the next owner would start."""
+        consumer = self._consumers[topic]
+        tp = TopicPartition(topic, partition)
+        if not any((a.topic, a.partition) == (topic, partition) for a in consumer.assignment()):
+            return
+        (at,) = self._adopt(consumer, [tp])
+        consumer.seek(TopicPartition(topic, partition, at.offset if at.offset >= 0 else OFFSET_BEGINNING))
+        logger.info("kafka: %s[%d] taken up again from its committed offset", topic, partition)
+
+    def _ref(self, m: Message, part: _Part, topic: str, partition: int, offset: int) -> _Ref:
+        mid, prior = f"{partition}-{offset}", 0
+        if topic == self.retry_topic:
+            h = _headers(m)
+            given, count = h.get("mid", ""), _int(h.get("count"))
+            if given and count > 0:
+                mid, prior = given, count
+            else:  # not written by a consumer: a record of its own
+                mid = f"retry:{partition}-{offset}"
+        key = m.key()
+        return _Ref(
+            topic, partition, offset, part.epoch, key.encode() if isinstance(key, str) else key, prior, mid
+        )
+
+    def _hand_out(self, n: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        now = time.time()
+        blocked: set[bytes] = set(self._busy)
+        for rec in list(self._buffer):
+            if len(out) >= n:
+                break
+            key = rec.ref.key
+            if self.ordered and key is not None:
+                if key in blocked:
+                    continue
+                blocked.add(key)  # a later message of this key waits, even if this one is held
+                if rec.due > now:
+                    continue
+                self._busy[key] = (rec.ref.topic, rec.ref.partition)
+            elif rec.due > now:
+                continue
+            self._buffer.remove(rec)
+            part = self._parts[(rec.ref.topic, rec.ref.partition)]
+            part.starts[rec.ref.offset] = part.starts.get(rec.ref.offset, 0) + 1
+            count = rec.ref.prior + part.starts[rec.ref.offset]
+            out.append(Delivery(rec.ref.message_id, rec.value, count, handle=rec.ref))
+        return out
+
+    def _resume_due(self) -> None:
+        if not self._due_pauses or not self._consumers:
+            return
+        now = time.time()
+        due = [tp for tp, at in self._due_pauses.items() if at <= now]
+        for tp in due:
+            del self._due_pauses[tp]
+        if due:
+            for t, p in due:
+                self._consumers[t].resume([TopicPartition(t, p)])
+
+    def _resume_full(self) -> None:
+        if self._full_paused and self._consumers:
+            for tp in self._full_paused:
+                self._consumers[tp.topic].resume([tp])
+            self._full_paused = []
+
+    # -- settling --------------------------------------------------------------------------------
+
+    def _part_of(self, delivery: Delivery) -> _Part:
+        ref: _Ref = delivery.handle
+        part = self._parts.get((ref.topic, ref.partition))
+        if part is None or part.epoch != ref.epoch:
+            raise LeaseLost(f"partition {ref.topic}[{ref.partition}] was revoked (a rebalance)")
+        return part
+
+    def _settle(self, delivery: Delivery) -> None:
+        ref: _Ref = delivery.handle
+        part = self._part_of(delivery)
+        part.open.discard(ref.offset)
+        if ref.key is not None:
+            self._busy.pop(ref.key, None)
+        self._commit({(ref.topic, ref.partition)})
+
+    def _commit(self, tps: set[tuple[str, int]]) -> None:
+        """Commit each partition's point (never past an open offset) with its starts."""
+        if not self._consumers:
+            return
+        offsets = []
+        for t, p in tps:
+            part = self._parts.get((t, p))
+            if part is None:
+                continue
+            point = part.commit_point()
+            for o in [o for o in part.starts if o < point]:
+                del part.starts[o]
+            offsets.append(TopicPartition(t, p, max(point, 0), metadata=part.metadata()))
+        for topic in {tp.topic for tp in offsets}:
+            mine = [tp for tp in offsets if tp.topic == topic]
+            try:
+                for tp in self._consumers[topic].commit(offsets=mine, asynchronous=False) or []:
+                    if tp.error is not None:
+                        self._commit_failed(tp.error)
+            except KafkaException as exc:
+                self._commit_failed(exc.args[0])
+        for tp in offsets:
+            part = self._parts.get((tp.topic, tp.partition))
+            if part is not None:
+                part.committed = tp.offset
+
+    def _commit_failed(self, err: KafkaError) -> None:
+        if err.code() in _FENCED:
+            raise LeaseLost(f"commit refused: {err.str()} (a rebalance moved the partition)")
+        raise BrokerUnavailable(f"Kafka at {self._hosts}: commit failed: {err.str()}")
+
+    def _publish(self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]) -> None:
+        """Produce one record and wait until the broker has it (before the original is settled)."""
+        if self._producer is None:
+            raise BrokerUnavailable("Kafka: not connected")
+        failed: list[KafkaError] = []
+
+        def done(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+
+        try:
+            self._producer.produce(
+                topic, value=value, key=key, headers=list(headers.items()), on_delivery=done
+            )
+        except (KafkaException, BufferError) as exc:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc}") from None
+        if self._producer.flush(_FLUSH_SECONDS) > 0:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic} did not take the record in time")
+        if failed:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic}: {failed[0].str()}")
+
+    def ack(self, delivery: Delivery) -> None:
+        self._settle(delivery)
+
+    def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        ref: _Ref = delivery.handle
+        self._part_of(delivery)
+        if self.ordered and ref.key is not None:
+            # Held here, uncommitted, and handed out again when due: the key's later messages wait.
+            self._buffer.insert(0, _Record(ref, delivery.body, due=time.time() + max(0.0, delay_seconds)))
+            self._busy.pop(ref.key, None)
+            return
+        headers = {
+            "mid": delivery.message_id,
+            "count": str(delivery.count),
+            "not_before": f"{time.time() + max(0.0, delay_seconds):.3f}",
+        }
+        self._publish(self.retry_topic, delivery.body, ref.key, headers)
+        self._settle(delivery)
+
+    def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
+        ref: _Ref = delivery.handle
+        self._part_of(delivery)
+        self._publish(
+            self.dead_topic, delivery.body, ref.key, {"mid": delivery.message_id, "why": why.to_json()}
+        )
+        self._settle(delivery)
+
+    def extend(self, delivery: Delivery) -> None:
+        """Nothing to do: a partition stays ours until a rebalance (then :meth:`lost` says so)."""
+
+    def reply(self, body: bytes) -> None:
+        self._publish(self.reply_topic, body, None, {})
+
+    def send(self, body: bytes, message_id: str | None = None, key: bytes | str | None = None) -> None:
+        """Produce ``body`` to the topic. ``key`` (by default the message's ``tenant``) picks the
+        partition, so one key's messages keep their order; without one, partitions are taken in
+        turn.
+        ``message_id`` is not sent: a Kafka message's id is its partition and offset."""
+        if self._producer is None:
+            raise BrokerUnavailable("Kafka: not connected")
+        if key is None:
+            key = _tenant(body)
+        if isinstance(key, str):
+            key = key.encode()
+        try:
+            if key is None:
+                partition = next(self._rr) % self._main_partitions
+                self._producer.produce(self.topic, value=body, partition=partition)
+            else:
+                self._producer.produce(self.topic, value=body, key=key)
+        except (KafkaException, BufferError) as exc:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc}") from None
+        if self._producer.flush(_FLUSH_SECONDS) > 0:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: the topic did not take the message in time")
+
+
+def dead_reason(headers: list[tuple[str, bytes]] | None) -> dict[str, Any]:
+    """The :class:`DeadLetter` a record of ``<topic>.dead`` carries."""
+    raw = dict(headers or {}).get("why")
+    return json.loads(raw) if raw else {}
+
+
+def _tenant(body: bytes) -> str | None:
+    """The message's ``tenant``, when it is a JSON object with a string one (else no key)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    tenant = doc.get("tenant") if isinstance(doc, dict) else None
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def _headers(m: Message) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pairs: list[tuple[str, Any]] = list(m.headers() or [])  # type: ignore[arg-type]
+    for k, v in pairs:
+        try:
+            out[k] = v.decode() if isinstance(v, bytes) else str(v or "")
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+def _int(text: str | None) -> int:
+    try:
+        return max(0, int(text or "0"))
+    except ValueError:
+        return 0
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text or "0")
+    except ValueError:
+        return 0.0
+
+
+def _names(partitions: list[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "nothing"
