@@ -23,12 +23,12 @@ wheel:
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
-	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,queue,test]'
+	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,queue,test,otel]'
 	@touch $@
 
 $(PF)/.installed: pyproject.toml
 	@test -x $(PF)/bin/python || $(PYTHON) -m venv $(PF)
-	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test]'
+	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test,otel]'
 	@touch $@
 
 venvs: $(AF)/.installed $(PF)/.installed

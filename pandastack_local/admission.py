@@ -14,6 +14,7 @@ nothing can be measured or squeezed, and ``usage`` falls back to ``limits``.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -62,6 +63,8 @@ class Admission:
             )
         self.policy = policy if self.measurable else "limits"
         self.squeezed: dict[str, int] = {}  # name -> the oom_kill count when it was squeezed
+        # The guard's actions by name, for /metrics (pandastack_local/metrics.py): one line per action.
+        self.actions: Counter[str] = Counter()
 
     def describe(self) -> str:
         if self.budget_mb is None:
@@ -129,6 +132,7 @@ class Admission:
         victim = max(over, key=lambda o: usage[o.name])
         if self.cgroups.set_memory_limit(victim.name, usage[victim.name] + SQUEEZE_MARGIN_BYTES):
             self.squeezed[victim.name] = self.cgroups.oom_kills(victim.name)
+            self.actions["squeeze"] += 1
             log.warning(
                 "memory pressure: %d MB in use past the %d MB budget: sandbox %s (%d MB, fair share "
                 "%d MB) is held at its current use; its next allocation stops its job",
@@ -157,6 +161,7 @@ class Admission:
             if killed or usage[o.name] < fair:
                 self.cgroups.set_memory_limit(o.name, self.cgroups.memory_limit_bytes(o.template))
                 del self.squeezed[o.name]
+                self.actions["lift"] += 1
         for name in set(self.squeezed) - {o.name for o in occupants}:
             del self.squeezed[name]
 

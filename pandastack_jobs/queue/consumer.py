@@ -23,12 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import tracing
 from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
 from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MessageError, QueueJob, parse
+from .metrics import Observer, messaging_system
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger(__name__)
@@ -221,6 +223,8 @@ class Consumer:
         self.chunk_key = chunk_key
         self.chunk_keyless = chunk_keyless
         self.stats = Stats()
+        self.observer = Observer()
+        """Told what happens, for metrics (pandastack_jobs/queue/metrics.py); the default does nothing."""
         self.ready = threading.Event()
         """Set once the broker is connected and the loop pulls (a readiness probe, or a test that
         must know two consumers compete before it sends)."""
@@ -258,6 +262,7 @@ class Consumer:
                     self.stop()
                 self._collect()
                 self._broker(self.transport.heartbeat)
+                self.observer.tick(self)
                 self._settle_finished()
                 if self._stop.is_set():
                     if self._stop_at is None:
@@ -311,6 +316,7 @@ class Consumer:
     def _start(self, delivery: Delivery) -> None:
         self.stats.received += 1
         self.stats.last_activity = time.monotonic()
+        self.observer.received(delivery)
         try:
             job = parse(
                 delivery.body,
@@ -355,6 +361,7 @@ class Consumer:
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
             self.stats.sandboxes = len(self._slots)
             self.stats.peak_sandboxes = max(self.stats.peak_sandboxes, self.stats.sandboxes)
+            self.observer.chunk(len(chunk))
             if len(chunk) == 1:
                 self._pool.submit(contextvars.copy_context().run, self._run_one, chunk[0])
             else:
@@ -383,7 +390,8 @@ class Consumer:
             specs = [w.job.spec(self.transport.name, w.delivery.count) for w in works]
 
             def wrap(i: int, run: Callable[[], JobOutcome]) -> JobOutcome:
-                return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
+                with self._process_span(works[i]):
+                    return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
 
             client = self.connection.client()
             run_chunk(client, specs, handles=[w.handle for w in works], wrap=wrap, on_finished=finished)
@@ -422,13 +430,20 @@ class Consumer:
                     if callable(close):
                         close()
 
-            work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
+            with self._process_span(work):
+                work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
         except Exception as exc:  # a bug here must not lose the message
             logger.exception("job of message %s raised", work.job.message_id)
             work.outcome = JobOutcome(
                 ok=False, kind=FailureKind.SERVER_ERROR, reason=f"consumer error: {exc}"
             )
         self._done.put(work)
+
+    def _process_span(self, work: _Work) -> Any:
+        """The OpenTelemetry ``process`` span of one message (pandastack_jobs/tracing.py)."""
+        d = work.delivery
+        system, tp = messaging_system(self.transport), d.extra.get("traceparent")
+        return tracing.process_span(system, self.transport.name, d.message_id, d.count, tp)
 
     # -- settling finished jobs ------------------------------------------------------------------
 
@@ -467,6 +482,7 @@ class Consumer:
     def _settle_one(self, work: _Work) -> bool:
         d, outcome = work.delivery, work.outcome
         assert outcome is not None
+        self.observer.settled(d, outcome)
         if self.transport.lost(d):
             logger.info("message %s: its connection was lost; the broker redelivers it", d.message_id)
             self.stats.redelivered += 1
@@ -495,6 +511,7 @@ class Consumer:
                 work.replied = True
             self.transport.ack(d)
             self.stats.acked += 1
+            self.observer.acked(d)
             return True
         kind = outcome.kind.value if outcome.kind else "unknown"
         if outcome.redeliver and d.count < self.max_deliveries:
@@ -513,6 +530,7 @@ class Consumer:
     def _dead(self, delivery: Delivery, why: DeadLetter) -> None:
         self.transport.dead_letter(delivery, why)
         self.stats.dead_lettered += 1
+        self.observer.dead_lettered(delivery, why.kind)
 
     def _dead_at_once(self, delivery: Delivery, why: DeadLetter) -> None:
         """Dead-letter a message that never ran; if the broker is down meanwhile, the message is
@@ -553,6 +571,7 @@ class Consumer:
             return op()
         except BrokerUnavailable as exc:
             logger.warning("broker unavailable: %s; reconnecting", exc)
+            self.observer.broker_error()
         delay = 0.2
         while True:
             self._collect()

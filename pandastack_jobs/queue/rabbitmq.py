@@ -153,6 +153,11 @@ class RabbitMQTransport(Transport):
         props = pika.BasicProperties(delivery_mode=2, message_id=message_id)
         self._call(self._ch.basic_publish, "", self.name, body, props)
 
+    def backlog(self) -> dict[str, int] | None:
+        """The queue's ready count, from a passive declare (unacked deliveries are not in it)."""
+        ok = self._call(lambda: self._ch.queue_declare(self.name, passive=True))
+        return {"ready": int(ok.method.message_count)}
+
 
 def dead_reason(headers: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a dead-lettered message carries (empty for a broker-side reject)."""

@@ -28,7 +28,8 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 10
 for _, m in ipairs(due) do
   if redis.call('ZREM', KEYS[2], m) == 1 then
     local d = cjson.decode(m)
-    redis.call('XADD', KEYS[1], '*', 'body', d.body, 'mid', d.mid, 'prior', d.prior)
+    redis.call('XADD', KEYS[1], '*', 'body', d.body, 'mid', d.mid, 'prior', d.prior,
+               'sent', d.sent or '', 'traceparent', d.tp or '')
   end
 end
 return #due
@@ -117,7 +118,12 @@ class RedisStreamsTransport(Transport):
         entry_id = eid.decode()
         prior = int(fields.get(b"prior", b"0") or 0)
         mid = fields.get(b"mid", b"").decode() or entry_id
-        return Delivery(mid, fields.get(b"body", b""), prior + times, handle=entry_id)
+        # Producer-written (the metrics and traces validate them): when it was first sent, its trace.
+        extra = {
+            "sent": fields.get(b"sent") or entry_id.split("-")[0],
+            "traceparent": fields.get(b"traceparent"),
+        }
+        return Delivery(mid, fields.get(b"body", b""), prior + times, handle=entry_id, extra=extra)
 
     def _settle(self, delivery: Delivery, *extra: tuple[str, Any]) -> None:
         """In one MULTI: the extra commands, then XACK and XDEL of the entry."""
@@ -132,12 +138,25 @@ class RedisStreamsTransport(Transport):
         self._settle(delivery)
 
     def release(self, delivery: Delivery, delay_seconds: float) -> None:
-        fields = {"body": delivery.body, "mid": delivery.message_id, "prior": str(delivery.count)}
+        sent, tp = _text(delivery.extra.get("sent")), _text(delivery.extra.get("traceparent"))
+        fields = {
+            "body": delivery.body,
+            "mid": delivery.message_id,
+            "prior": str(delivery.count),
+            "sent": sent,
+            "traceparent": tp,
+        }
         if delay_seconds <= 0:
             self._settle(delivery, ("xadd", (self.stream, fields)))
             return
         member = json.dumps(
-            {"body": delivery.body.decode(), "mid": delivery.message_id, "prior": delivery.count}
+            {
+                "body": delivery.body.decode(),
+                "mid": delivery.message_id,
+                "prior": delivery.count,
+                "sent": sent,
+                "tp": tp,
+            }
         )
         self._settle(delivery, ("zadd", (self._delayed, {member: time.time() + delay_seconds})))
 
@@ -157,6 +176,33 @@ class RedisStreamsTransport(Transport):
     def send(self, body: bytes, message_id: str | None = None) -> None:
         fields = {"body": body, **({"mid": message_id} if message_id else {})}
         self._call(self._redis().xadd, self.stream, fields)
+
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """An entry with a ``traceparent`` field (the W3C trace context of the producer's span)."""
+        self._call(
+            self._redis().xadd,
+            self.stream,
+            {"body": body, **({"traceparent": traceparent} if traceparent else {})},
+        )
+
+    def backlog(self) -> dict[str, int] | None:
+        """From XINFO GROUPS (the group's lag and pending count) and the delayed set's size."""
+        r = self._redis()
+        groups = self._call(r.xinfo_groups, self.stream)
+        mine = next((g for g in groups if _text(g.get("name")) == self.group), None)
+        if mine is None:
+            return None
+        out = {"leased": int(mine.get("pending") or 0), "delayed": int(self._call(r.zcard, self._delayed))}
+        if mine.get("lag") is not None:  # Redis 7; None when the group's position is unknown
+            out["ready"] = int(mine["lag"])
+        return out
+
+
+def _text(value: object) -> str:
+    """A field Redis returned (bytes) or a value carried forward, as text ("" for none)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
 def _safe(url: str) -> str:

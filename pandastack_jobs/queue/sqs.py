@@ -99,7 +99,8 @@ class SQSTransport(Transport):
             MaxNumberOfMessages=max(1, min(max_messages, 10)),
             WaitTimeSeconds=min(20, int(wait_seconds)) if wait_seconds >= 1 else 0,
             VisibilityTimeout=math.ceil(self.lease_seconds or 30),
-            AttributeNames=["ApproximateReceiveCount"],
+            AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageAttributeNames=["traceparent"],
         )
         out = [
             Delivery(
@@ -107,6 +108,10 @@ class SQSTransport(Transport):
                 m["Body"].encode(),
                 int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
                 handle=m["ReceiptHandle"],
+                extra={
+                    "sent": m.get("Attributes", {}).get("SentTimestamp"),
+                    "traceparent": m.get("MessageAttributes", {}).get("traceparent", {}).get("StringValue"),
+                },
             )
             for m in got.get("Messages", [])
         ]
@@ -144,3 +149,24 @@ class SQSTransport(Transport):
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
         self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=body.decode("utf-8", "replace"))
+
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """A message with a ``traceparent`` message attribute."""
+        attrs = {"traceparent": {"DataType": "String", "StringValue": traceparent}} if traceparent else {}
+        self._call(
+            "send_message",
+            QueueUrl=self.urls["queue"],
+            MessageBody=body.decode("utf-8", "replace"),
+            MessageAttributes=attrs,
+        )
+
+    def backlog(self) -> dict[str, int] | None:
+        """SQS's approximate counts, one GetQueueAttributes call."""
+        names = {
+            "ApproximateNumberOfMessages": "ready",
+            "ApproximateNumberOfMessagesNotVisible": "leased",
+            "ApproximateNumberOfMessagesDelayed": "delayed",
+        }
+        got = self._call("get_queue_attributes", QueueUrl=self.urls["queue"], AttributeNames=list(names))
+        attrs = got.get("Attributes", {})
+        return {state: int(attrs.get(name, 0)) for name, state in names.items()}
