@@ -103,7 +103,12 @@ def send_span(system: str, destination: str) -> Iterator[str | None]:
 
 @contextlib.contextmanager
 def process_span(
-    system: str, destination: str, message_id: str, delivery: int, traceparent: object = None
+    system: str,
+    destination: str,
+    message_id: str,
+    delivery: int,
+    traceparent: object = None,
+    conversation_id: str | None = None,
 ) -> Iterator[Any]:
     """The consumer's ``process <destination>`` span (OpenTelemetry messaging conventions), linked to
     the producer's span when ``traceparent`` (from the message, untrusted) is a valid one."""
@@ -114,7 +119,7 @@ def process_span(
     producer = _context_of(valid_traceparent(traceparent))
     if producer is not None:
         links.append(Link(producer))
-    attributes = {
+    attributes: dict[str, Any] = {
         "messaging.system": system,
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
@@ -122,6 +127,8 @@ def process_span(
         "messaging.message.id": str(message_id)[:256],
         "messaging.message.delivery_count": int(delivery),
     }
+    if conversation_id:  # the message's own id (its correlation id), not the broker's
+        attributes["messaging.message.conversation_id"] = str(conversation_id)[:256]
     with _tracer().start_as_current_span(
         f"process {destination}", kind=SpanKind.CONSUMER, attributes=attributes, links=links
     ) as span:

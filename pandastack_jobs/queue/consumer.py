@@ -443,7 +443,9 @@ class Consumer:
         """The OpenTelemetry ``process`` span of one message (pandastack_jobs/tracing.py)."""
         d = work.delivery
         system, tp = messaging_system(self.transport), d.extra.get("traceparent")
-        return tracing.process_span(system, self.transport.name, d.message_id, d.count, tp)
+        return tracing.process_span(
+            system, self.transport.name, d.message_id, d.count, tp, work.job.message_id
+        )
 
     # -- settling finished jobs ------------------------------------------------------------------
 

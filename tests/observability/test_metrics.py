@@ -193,9 +193,7 @@ def test_server_series_stay_fixed_over_1000_distinct_requests(server: LocalServe
         sb = http.post("/v1/sandboxes", json={"template": "base", "metadata": {"tenant": "t0"}}).json()
 
         def round_(i: int) -> None:
-            assert (
-                http.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": f"echo {i}"}).status_code == 200
-            )
+            assert http.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": f"echo {i}"}).status_code == 200
             assert http.get(f"/v1/sandboxes/{uuid.uuid4()}").status_code == 404
             assert http.get(f"/no/such/{uuid.uuid4()}").status_code == 404
 
