@@ -149,6 +149,14 @@ test-soak: venvs
 test-queue: venvs templates
 	tests/queue/run.sh $(PYTEST_ARGS)
 
+# Metrics and traces (issue 38, docs/observability.md): /metrics of a real server and a real consumer
+# on a real Redis parsed with prometheus_client, Debian's prometheus scraping both, the span trees
+# through Redis, Airflow and Prefect with the OpenTelemetry SDK's in-memory exporter. Installs
+# prometheus and redis-server (apt) when missing. About a minute.
+.PHONY: test-observability
+test-observability: venvs templates
+	tests/observability/run.sh $(PYTEST_ARGS)
+
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
 # Installs what is missing; stops everything it started, whatever happens.

@@ -273,6 +273,7 @@ def test_prometheus_scrapes_the_server_and_the_consumer(
     config.write_text(
         f"""
 global: {{scrape_interval: 1s, scrape_timeout: 1s}}
+rule_files: ["{REPO / "docs/observability/alerts.yml"}"]
 scrape_configs:
   - job_name: pandastack-local
     authorization: {{type: Bearer, credentials_file: {key_file}}}
@@ -319,8 +320,35 @@ scrape_configs:
         assert up
         created = query('sum(pandastack_local_sandbox_create_seconds_count{job="pandastack-local"})')
         assert created and float(created[0]["value"][1]) >= 1
+        # The shipped alerting rules loaded (prometheus refuses to start on a bad rule file).
+        rules = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        names = {r["name"] for g in rules for r in g["rules"]}
+        assert names == {
+            "PandaStackDeadLetterRateHigh",
+            "PandaStackConsumerNotPulling",
+            "PandaStackMemoryGuardStoppingJobs",
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
         log.close()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_the_dashboard_and_alerts_use_only_documented_metrics_that_exist(
+    server: LocalServer, consumer: tuple[Consumer, str]
+) -> None:
+    """Every metric the dashboard and the alerts query is in docs/observability.md and served."""
+    docs = (REPO / "docs/observability.md").read_text()
+    auth = {"Authorization": f"Bearer {server.api_key}"}
+    served = (
+        httpx.get(f"{server.url}/metrics", headers=auth).text + httpx.get(f"{consumer[0].url}/metrics").text
+    )
+    json.loads((REPO / "docs/observability/grafana-dashboard.json").read_text())
+    for path in ("docs/observability/grafana-dashboard.json", "docs/observability/alerts.yml"):
+        used = set(re.findall(r"pandastack_(?:local|queue)_[a-z_]+", (REPO / path).read_text()))
+        assert len(used) >= 3, path
+        for name in used:
+            family = re.sub(r"_(bucket|count|sum|total)$", "", name)
+            assert f"`{family}`" in docs or f"`{family}_total`" in docs, (path, name)
+            assert f"# TYPE {family} " in served or f"# TYPE {family}_total " in served, (path, name)
