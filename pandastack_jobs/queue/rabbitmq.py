@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -106,16 +107,28 @@ class RabbitMQTransport(Transport):
             headers = props.headers or {}
             count = int(headers.get("x-pandastack-prior", 0)) + int(headers.get("x-delivery-count", 0)) + 1
             mid = props.message_id or headers.get("x-pandastack-mid") or hashlib.sha256(body).hexdigest()[:24]
+            # Producer-written (validated where used): the send time and the producer's trace context.
+            extra = {"sent": props.timestamp, "traceparent": headers.get("traceparent")}
             out.append(
-                Delivery(str(mid), body, count, handle=method.delivery_tag, generation=self._generation)
+                Delivery(
+                    str(mid),
+                    body,
+                    count,
+                    handle=method.delivery_tag,
+                    generation=self._generation,
+                    extra=extra,
+                )
             )
         return out
 
     def _publish(self, exchange: str, routing_key: str, delivery: Delivery, headers: dict[str, Any]) -> None:
+        carried = {"traceparent": delivery.extra["traceparent"]} if delivery.extra.get("traceparent") else {}
+        sent = delivery.extra.get("sent")
         props = pika.BasicProperties(
             delivery_mode=2,
             message_id=delivery.message_id,
-            headers={"x-pandastack-mid": delivery.message_id, **headers},
+            timestamp=sent if isinstance(sent, int) else None,
+            headers={"x-pandastack-mid": delivery.message_id, **carried, **headers},
         )
         self._call(self._ch.basic_publish, exchange, routing_key, delivery.body, props, mandatory=False)
 
@@ -149,9 +162,16 @@ class RabbitMQTransport(Transport):
         props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
         self._call(self._ch.basic_publish, "", self.reply_queue, body, props)
 
-    def send(self, body: bytes, message_id: str | None = None) -> None:
-        props = pika.BasicProperties(delivery_mode=2, message_id=message_id)
+    def send(self, body: bytes, message_id: str | None = None, traceparent: str | None = None) -> None:
+        headers = {"traceparent": traceparent} if traceparent else None
+        props = pika.BasicProperties(
+            delivery_mode=2, message_id=message_id, timestamp=int(time.time()), headers=headers
+        )
         self._call(self._ch.basic_publish, "", self.name, body, props)
+
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """A message with a ``traceparent`` header."""
+        self.send(body, traceparent=traceparent)
 
     def backlog(self) -> dict[str, int] | None:
         """The queue's ready count, from a passive declare (unacked deliveries are not in it)."""
