@@ -43,8 +43,16 @@ def enabled() -> bool:
     return trace is not None
 
 
+_TRACER: Any = None
+
+
 def _tracer() -> Any:
-    return trace.get_tracer(TRACER_NAME)
+    """The package's tracer, got once (the SDK's ``get_tracer`` builds a new one per call). Got before
+    a provider is set, it is the API's proxy, which follows the provider set later."""
+    global _TRACER
+    if _TRACER is None:
+        _TRACER = trace.get_tracer(TRACER_NAME)
+    return _TRACER
 
 
 def valid_traceparent(value: object) -> str | None:
