@@ -25,12 +25,12 @@ wheel:
 
 $(AF)/.installed: pyproject.toml
 	@test -x $(AF)/bin/python || $(PYTHON) -m venv $(AF)
-	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,queue,test]'
+	$(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,queue,test,otel]'
 	@touch $@
 
 $(PF)/.installed: pyproject.toml
 	@test -x $(PF)/bin/python || $(PYTHON) -m venv $(PF)
-	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test]'
+	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test,otel]'
 	@touch $@
 
 venvs: $(AF)/.installed $(PF)/.installed
@@ -188,6 +188,14 @@ test-soak: venvs
 .PHONY: test-queue
 test-queue: venvs templates
 	$(TIMED) test-queue tests/queue/run.sh $(PYTEST_ARGS)
+
+# Metrics and traces (issue 38, docs/observability.md): /metrics of a real server and a real consumer
+# on a real Redis parsed with prometheus_client, Debian's prometheus scraping both, the span trees
+# through Redis, Airflow and Prefect with the OpenTelemetry SDK's in-memory exporter. Installs
+# prometheus and redis-server (apt) when missing. About a minute.
+.PHONY: test-observability
+test-observability: venvs templates
+	tests/observability/run.sh $(PYTEST_ARGS)
 
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.

@@ -34,6 +34,7 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("baseline", AF, "benchmarks.baseline", [], ["--rounds", "4", "--batch", "5", "--cold-rounds", "2"]),
     ("templates", AF, "benchmarks.templates", [], ["--n", "10", "--imports", "5"]),
     ("overhead", AF, "benchmarks.overhead", ["--rounds", "30", "--batch", "2"], ["--rounds", "4"]),
+    ("observability", AF, "benchmarks.observability", ["--rounds", "15", "--batch", "2"], ["--rounds", "3"]),
     ("prefect_overhead", PREFECT_PYTHON, "benchmarks.prefect_overhead", ["--rounds", "30", "--batch", "2"],
      ["--rounds", "4", "--batch", "2"]),
     ("prefect_worker", PREFECT_PYTHON, "benchmarks.prefect_worker", ["--rounds", "8"], ["--rounds", "2"]),

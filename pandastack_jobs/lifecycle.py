@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import pandastack
 from pandastack import Sandbox
 
-from . import guest
+from . import guest, tracing
 from .connection import reset_refusals
 from .execstream import exec_stream
 from .failures import StepError, capacity_retry_after, describe_exit, kind_for_error, last_line
@@ -295,7 +295,14 @@ class JobRun:
 
     # -- the whole run ---------------------------------------------------------------------------
 
-    def run(
+    def run(self, acquire: Callable[[], Sandbox] | None = None, **steps: Any) -> JobOutcome:
+        """:meth:`_run` in a ``pandastack.job`` span (pandastack_jobs/tracing.py), its steps as children."""
+        with tracing.job_span(self.spec) as span:
+            outcome = self._run(acquire, **steps)
+            tracing.end_job(span, outcome)
+            return outcome
+
+    def _run(
         self,
         acquire: Callable[[], Sandbox] | None = None,
         *,
@@ -381,13 +388,15 @@ class JobRun:
     def _timed(self, name: str, fn: Callable[[], Any]) -> Any:
         started = time.monotonic()
         try:
-            return fn()
+            with tracing.step_span(name):
+                return fn()
         finally:
             self.times[name] = time.monotonic() - started
 
     def _finish_teardown(self) -> str | None:
         started = time.monotonic()
-        error = self.teardown()
+        with tracing.step_span("delete"):
+            error = self.teardown()
         self.times["delete"] = time.monotonic() - started
         return error
 

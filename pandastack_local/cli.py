@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=HEADER_TIMEOUT_SECONDS,
         help="seconds a client has to send a request's headers (408 past it)",
     )
+    serve.add_argument(
+        "--metrics-without-key",
+        action="store_true",
+        help="serve GET /metrics without the API key (a scraper on a trusted network; default: key needed)",
+    )
     serve.add_argument("--log-level", default="warning")
     serve.add_argument("--cache-dir", type=Path, default=None, help="built templates (default ~/.cache/...)")
     templates = sub.add_parser("templates", help="manage templates")
@@ -222,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         isolation=args.isolation,
         runsc=args.runsc,
         stream_buffer_mb=max(args.stream_buffer_mb, 1),
+        metrics_without_key=args.metrics_without_key,
     )
     print(f"pandastack-local: listening on http://{args.host}:{args.port}", flush=True)
     uvicorn.Server(server_config(args, create_app(config), uvicorn)).run()
@@ -231,6 +237,7 @@ def server_config(args: argparse.Namespace, app: object, uvicorn: Any) -> Any:
     """uvicorn's settings, its HTTP protocol guarded (api/connections.py) with caps that fit the
     descriptor limit (raised to the hard limit first)."""
     from pandastack_local.api.connections import ConnectionGuard, guarded_protocol
+    from pandastack_local.metrics import watch_connections
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -257,6 +264,7 @@ def server_config(args: argparse.Namespace, app: object, uvicorn: Any) -> Any:
     except ImportError:
         from uvicorn.protocols.http.h11_impl import H11Protocol as base  # type: ignore[assignment]
     guard = ConnectionGuard(total, per_client, max(args.header_timeout, 0.1))
+    watch_connections(app, guard)
     return uvicorn.Config(
         app,
         host=args.host,

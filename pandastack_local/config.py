@@ -81,3 +81,5 @@ class ServerConfig:
     runsc: str | None = None
     # Memory the server may hold for slow readers of exec/stream, all streams together (limits.py).
     stream_buffer_mb: int = DEFAULT_STREAM_BUFFER_MB
+    # GET /metrics without the API key (a trusted network's scraper); by default it takes the key.
+    metrics_without_key: bool = False

@@ -65,6 +65,7 @@ class LocalServer:
         cache_dir: str | os.PathLike[str] | None = None,
         isolation: str | None = None,
         runsc: str | None = None,
+        extra_args: tuple[str, ...] | list[str] = (),
     ) -> None:
         """``user``: run the server as this unprivileged host user (the caller must be root; the
         test harness's non-root leg). Default: ``$PANDASTACK_LOCAL_SERVER_USER``, else the caller.
@@ -82,6 +83,7 @@ class LocalServer:
         self._granted: list[Path] = []
         self.user = user or os.environ.get(SERVER_USER_ENV) or None
         self.allow_egress = tuple(allow_egress)
+        self.extra_args = tuple(extra_args)  # more `serve` flags (e.g. --metrics-without-key)
         # Built templates: the caller's cache, also for a server run as another user (it only reads).
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._own_state_dir = state_dir is None
@@ -112,7 +114,7 @@ class LocalServer:
             argv += ["--template-dir", directory]
         for endpoint in self.allow_egress:
             argv += ["--allow-egress", endpoint]
-        return argv
+        return argv + list(self.extra_args)
 
     def start(self) -> LocalServer:
         if self._proc is not None and self._proc.poll() is None:

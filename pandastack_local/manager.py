@@ -35,6 +35,7 @@ from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_ru
 from pandastack_local.isolation.factory import make_backend
 from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants, stop
 from pandastack_local.limits import fork_copy_cap
+from pandastack_local.metrics import ServerMetrics
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.build import Builds, TemplateBuildError, TemplateNotReady, default_cache_dir
 from pandastack_local.templates.registry import Template, template_registry
@@ -144,6 +145,7 @@ class SandboxManager:
         # so two forks at once cannot each be admitted against the same free memory.
         self.fork_reserved_mb = 0
         self.started = time.time()
+        self.metrics = ServerMetrics(self)
 
     # ---- start-up and shutdown -------------------------------------------------
     async def start(self) -> None:
@@ -304,6 +306,7 @@ class SandboxManager:
         try:
             template: Template = await self.builds.ready(name, wait)
         except TemplateNotReady as exc:
+            self.metrics.refused("template_not_ready")
             raise ApiError(503, str(exc), {"Retry-After": "5"}) from None
         except TemplateBuildError as exc:
             raise ApiError(500, f"template {name!r} is not available: {exc}") from None
@@ -314,6 +317,7 @@ class SandboxManager:
     def _admit(self, template: Template, count: int = 1, copy_of: str | None = None) -> None:
         limit = self.config.max_sandboxes
         if limit is not None and len(self.sandboxes) + self.pending + count > limit:
+            self.metrics.refused("count_cap")
             raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})
         refusal = self.admission.refusal(
             self._occupants(),
@@ -325,6 +329,7 @@ class SandboxManager:
             self.fork_reserved_mb,
         )
         if refusal is not None:
+            self.metrics.refused("memory")
             raise ApiError(507, refusal, {"Retry-After": CAPACITY_RETRY_AFTER})
 
     def _occupants(self) -> list[Occupant]:
@@ -429,6 +434,7 @@ class SandboxManager:
         how = f"{mode}, restored from the template's boot image" if process.restored else mode
         sb.log(f"sandbox {sb.id} created from template {template.name} ({how})")
         self.sandboxes[sb.id] = sb
+        self.metrics.created(template.name, mode, time.monotonic() - started)
         return sb
 
     async def _take_process(self, template: Template) -> tuple[SandboxProcess, str]:
@@ -507,12 +513,19 @@ class SandboxManager:
         finally:
             self._refilling.discard(name)
 
-    async def delete(self, sandbox_id: str, why: str = "it was deleted") -> None:
+    async def delete(self, sandbox_id: str, why: str = "it was deleted", cause: str = "api") -> None:
         """Answer once the sandbox is gone for its clients: out of the registry (404 by id, not
         counted by admission) and stopped (every process SIGKILLed: nothing runs or answers).
         Removing it (cgroups, host dir, uids: 10-40 ms under gVisor) finishes in the background;
         ``tearing_down`` counts those, shutdown waits for them and a restart reaps what a crash
-        left of them."""
+        left of them. ``cause``: ``api``, ``ttl`` or ``cleanup`` (a failed fork's children), for /metrics."""
+        started = time.monotonic()
+        try:
+            await self._delete(sandbox_id, why)
+        finally:
+            self.metrics.deleted(cause, time.monotonic() - started)
+
+    async def _delete(self, sandbox_id: str, why: str) -> None:
         sb = self.sandboxes.pop(sandbox_id, None)
         if sb is None:
             raise ApiError(404, "not found")
@@ -556,7 +569,7 @@ class SandboxManager:
                     log.warning("sandbox %s idle for %ds > ttl %ds: deleting", sb.id, idle, sb.ttl_seconds)
                     with contextlib.suppress(ApiError):
                         await self.delete(
-                            sb.id, f"it was idle for {idle:.0f}s, past its TTL of {sb.ttl_seconds}s"
+                            sb.id, f"it was idle for {idle:.0f}s, past its TTL of {sb.ttl_seconds}s", "ttl"
                         )
 
     # ---- pause / resume -------------------------------------------------------
@@ -623,7 +636,7 @@ class SandboxManager:
         except (agent_client.AgentUnavailable, agent_client.AgentError) as exc:
             for child in children:
                 with contextlib.suppress(ApiError):
-                    await self.delete(child.id)
+                    await self.delete(child.id, cause="cleanup")
             if isinstance(exc, agent_client.AgentLost) and exc.watch is parent_watch:
                 raise await self.agent_lost(parent, exc) from exc
             too_big = isinstance(exc, agent_client.AgentError) and exc.errno == agent_client.TOO_BIG
@@ -631,9 +644,10 @@ class SandboxManager:
         except BaseException:
             for child in children:
                 with contextlib.suppress(ApiError):
-                    await self.delete(child.id)
+                    await self.delete(child.id, cause="cleanup")
             raise
         parent.log(f"forked into {', '.join(c.id for c in children)}")
+        self.metrics.forked("disk", len(children))
         return children
 
     async def _memory_fork(
@@ -690,9 +704,10 @@ class SandboxManager:
             except BaseException:
                 for child in children:
                     with contextlib.suppress(ApiError):
-                        await self.delete(child.id)
+                        await self.delete(child.id, cause="cleanup")
                 raise
         finally:
             await asyncio.to_thread(shutil.rmtree, image, True)
         parent.log(f"forked into {', '.join(c.id for c in children)} (memory copied)")
+        self.metrics.forked("memory", len(children))
         return children

@@ -23,9 +23,11 @@ from collections.abc import Sequence
 
 from pandastack_workflows.install import install_line
 
+from .. import tracing
 from ..connection import ConnectionConfig
 from . import BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
+from .metrics import messaging_system
 from .outage import EXIT_API_KEY_REJECTED, EXIT_API_UNREACHABLE, ApiCheckError, describe_api, probe
 
 EXAMPLES = f"""PandaStack: PANDASTACK_API (the hosted API when unset) and PANDASTACK_API_KEY.
@@ -107,6 +109,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let messages without the key share sandboxes with each other (default: each alone)",
     )
+    c.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: off; 0 picks a free port)",
+    )
+    c.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 for a scraper elsewhere)",
+    )
     c.add_argument("--progress-every", type=float, default=None, help="seconds between progress lines")
     c.add_argument("--quiet", action="store_true", help="no progress line")
     c.add_argument("--log-level", default="WARNING")
@@ -151,8 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _send(transport: Transport, messages: list[str]) -> int:
     lines = messages or [line for line in sys.stdin.read().splitlines() if line.strip()]
+    system = messaging_system(transport)
     for line in lines:
-        transport.send(line.encode())
+        # A PRODUCER span per message (with OpenTelemetry configured); its context rides on the
+        # message where the broker has a place for it (a consumer's process span links to it).
+        with tracing.send_span(system, transport.name) as traceparent:
+            if traceparent is None:
+                transport.send(line.encode())
+            else:
+                transport.send_traced(line.encode(), traceparent)
     transport.close()
     print(f"sent {len(lines)} message(s) to {transport.name}", file=sys.stderr)
     return 0
@@ -200,6 +222,34 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
         transport.close()
         print(f"pandastack-jobs: {exc}", file=sys.stderr)
         return 2
+    metrics = None
+    if args.metrics_port is not None:
+        try:
+            from .metrics import ConsumerMetrics
+
+            metrics = ConsumerMetrics(consumer)
+            port = metrics.serve(args.metrics_port, args.metrics_host)
+        except ImportError as exc:
+            transport.close()
+            print(
+                f"pandastack-jobs: --metrics-port: {exc}: pip install 'pandastack-workflows[queue]'",
+                file=sys.stderr,
+            )
+            return 2
+        except OSError as exc:
+            transport.close()
+            print(
+                f"pandastack-jobs: --metrics-port: cannot listen on {args.metrics_host}:{args.metrics_port}: "
+                f"{exc.strerror or exc}; pick a free port",
+                file=sys.stderr,
+            )
+            return 2
+        consumer.observer = metrics
+        print(
+            f"pandastack-jobs: metrics on http://{args.metrics_host}:{port}/metrics",
+            file=sys.stderr,
+            flush=True,
+        )
     consumer.install_signal_handlers()
     done = threading.Event()
     if not args.quiet:
@@ -220,6 +270,8 @@ def _consume(transport: Transport, args: argparse.Namespace) -> int:
         return 3
     finally:
         done.set()
+        if metrics is not None:
+            metrics.close()
     print(f"\npandastack-jobs: stopped: {stats.line()}", file=sys.stderr)
     return 0
 

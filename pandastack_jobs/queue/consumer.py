@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .. import tracing
 from ..connection import ConnectionConfig
 from ..lifecycle import JobHandle, run_job
 from ..outcome import FailureKind, JobOutcome
 from ..spec import JobSpec
 from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MAX_JSON_DEPTH, MessageError, QueueJob, parse
+from .metrics import Observer, messaging_system
 from .outage import ApiKeyRejected, Backoff, Uncharged, maybe_platform, platform_failure, probe
 from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
 
@@ -253,6 +255,8 @@ class Consumer:
         self.chunk_key = chunk_key
         self.chunk_keyless = chunk_keyless
         self.stats = Stats()
+        self.observer = Observer()
+        """Told what happens, for metrics (pandastack_jobs/queue/metrics.py); the default does nothing."""
         self.ready = threading.Event()
         """Set once the broker is connected and the loop pulls (a readiness probe, or a test that
         must know two consumers compete before it sends)."""
@@ -296,6 +300,7 @@ class Consumer:
                 self._collect()
                 self._broker(self.transport.heartbeat)
                 self._drop_lost()
+                self.observer.tick(self)
                 self._settle_finished()
                 self._watch_api()
                 if self._stop.is_set():
@@ -369,6 +374,7 @@ class Consumer:
         with the reason), never stopping the loop."""
         self.stats.received += 1
         self.stats.last_activity = time.monotonic()
+        self.observer.received(delivery)
         try:
             self._start_one(delivery)
         except BrokerUnavailable:
@@ -433,6 +439,7 @@ class Consumer:
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
             self.stats.sandboxes = len(self._slots)
             self.stats.peak_sandboxes = max(self.stats.peak_sandboxes, self.stats.sandboxes)
+            self.observer.chunk(len(chunk))
             if len(chunk) == 1:
                 self._pool.submit(contextvars.copy_context().run, self._run_one, chunk[0])
             else:
@@ -467,7 +474,8 @@ class Consumer:
             ]
 
             def wrap(i: int, run: Callable[[], JobOutcome]) -> JobOutcome:
-                return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
+                with self._process_span(works[i]):
+                    return self.runner(works[i].job, specs[i], run) if self.runner is not None else run()
 
             client = self.connection.client()
             run_chunk(client, specs, handles=[w.handle for w in works], wrap=wrap, on_finished=finished)
@@ -507,7 +515,8 @@ class Consumer:
                     if callable(close):
                         close()
 
-            work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
+            with self._process_span(work):
+                work.outcome = self.runner(work.job, spec, run) if self.runner is not None else run()
         except Exception as exc:  # a bug here must not lose the message
             logger.exception("job of message %s raised", work.job.message_id)
             work.outcome = JobOutcome(
@@ -515,6 +524,14 @@ class Consumer:
             )
             work.consumer_error = True
         self._done.put(work)
+
+    def _process_span(self, work: _Work) -> Any:
+        """The OpenTelemetry ``process`` span of one message (pandastack_jobs/tracing.py)."""
+        d = work.delivery
+        system, tp = messaging_system(self.transport), d.extra.get("traceparent")
+        return tracing.process_span(
+            system, self.transport.name, d.message_id, d.count, tp, work.job.message_id
+        )
 
     # -- settling finished jobs ------------------------------------------------------------------
 
@@ -560,6 +577,7 @@ class Consumer:
     def _settle_one(self, work: _Work) -> bool:
         d, outcome = work.delivery, work.outcome
         assert outcome is not None
+        self.observer.settled(d, outcome)
         if self.transport.lost(d):
             logger.info("message %s: its connection was lost; the broker redelivers it", d.message_id)
             self.stats.redelivered += 1
@@ -607,6 +625,7 @@ class Consumer:
             self.transport.ack(d)
             self._uncharged.forget(d.message_id)
             self.stats.acked += 1
+            self.observer.acked(d)
             return True
         kind = outcome.kind.value if outcome.kind else "unknown"
         count = self._uncharged.charged(d.message_id, d.count)
@@ -637,6 +656,7 @@ class Consumer:
             f" field={why.field}" if why.field else "",
             " ".join(why.reason.split())[:500],
         )
+        self.observer.dead_lettered(delivery, why.kind)
 
     def _dead_at_once(self, delivery: Delivery, why: DeadLetter, job: QueueJob | None) -> None:
         """Dead-letter a message that never ran; if the broker is down meanwhile, the message is
@@ -761,6 +781,7 @@ class Consumer:
             return op()
         except BrokerUnavailable as exc:
             logger.warning("broker unavailable: %s; reconnecting", exc)
+            self.observer.broker_error()
         delay = 0.2
         while True:
             self._collect()

@@ -108,7 +108,8 @@ class PostgresTransport(Transport):
             " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
             " WHERE id IN (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
             "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " RETURNING id, id::text, body, deliveries, lease"
+            " RETURNING id, id::text, body, deliveries, lease,"
+            " extract(epoch from enqueued_at)"
         ).format(t=self._t)
         deadline = time.monotonic() + wait_seconds
         while True:
@@ -119,7 +120,8 @@ class PostgresTransport(Transport):
             )
             if rows or time.monotonic() >= deadline:
                 return [
-                    Delivery(mid, bytes(body), n, handle=(rid, lease)) for rid, mid, body, n, lease in rows
+                    Delivery(mid, bytes(body), n, handle=(rid, lease), extra={"sent": float(at)})
+                    for rid, mid, body, n, lease, at in rows
                 ]
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
@@ -160,6 +162,16 @@ class PostgresTransport(Transport):
         """INSERT the message (``message_id`` goes to its column, the producer's: never identity)."""
         query = sql.SQL("INSERT INTO {t} (queue, message_id, body) VALUES (%s, %s, %s)").format(t=self._t)
         self._exec(query, (self.name, message_id, body))
+
+    def backlog(self) -> dict[str, int] | None:
+        """One count over the queue's rows: ready, leased, or released with a delay."""
+        query = sql.SQL(
+            "SELECT count(*) FILTER (WHERE visible_at <= now()),"
+            " count(*) FILTER (WHERE visible_at > now() AND lease IS NOT NULL),"
+            " count(*) FILTER (WHERE visible_at > now() AND lease IS NULL) FROM {t} WHERE queue = %s"
+        ).format(t=self._t)
+        ready, leased, delayed = self._exec(query, (self.name,))[0]
+        return {"ready": int(ready), "leased": int(leased), "delayed": int(delayed)}
 
 
 def _first_line(exc: BaseException) -> str:

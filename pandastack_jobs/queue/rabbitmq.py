@@ -32,6 +32,7 @@ import hmac
 import json
 import logging
 import os
+import time
 import uuid
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -137,13 +138,13 @@ class RabbitMQTransport(Transport):
         while len(out) < max_messages:
             method, props, body = self._call(self._ch.basic_get, self.work_queue, auto_ack=False)
             if method is not None:
-                out.append(self._delivery(method.delivery_tag, props.headers, body))
+                out.append(self._delivery(method.delivery_tag, props, body))
                 continue
             if moved < max_messages:
                 method, props, body = self._call(self._ch.basic_get, self.name, auto_ack=False)
                 if method is not None:
                     moved += 1
-                    bad = self._take(method.delivery_tag, props.headers, body)
+                    bad = self._take(method.delivery_tag, props, body)
                     if bad is not None:
                         out.append(bad)
                     continue
@@ -160,10 +161,11 @@ class RabbitMQTransport(Transport):
     def _stamp(self, mid: str, prior: int, body: bytes) -> dict[str, Any]:
         return {_MID: mid, _PRIOR: prior, _SIG: self._sign(mid, prior, body)}
 
-    def _take(self, tag: int, headers: dict[str, Any] | None, body: bytes) -> Delivery | None:
+    def _take(self, tag: int, original: pika.BasicProperties, body: bytes) -> Delivery | None:
         """A producer's message: give it its id (publish it, signed, to the work queue; then ack
         it here). One that carries consumer bookkeeping headers is returned to be dead-lettered."""
         mid = uuid.uuid4().hex
+        headers = original.headers or {}
         names = sorted(str(k) for k in (headers or {}) if str(k).startswith(_RESERVED_PREFIX))
         if names:
             problem = "is consumer bookkeeping; a producer may not set it"
@@ -175,14 +177,21 @@ class RabbitMQTransport(Transport):
                 generation=self._generation,
                 malformed=(f"headers.{names[0]}", problem),
             )
-        props = pika.BasicProperties(delivery_mode=2, headers=self._stamp(mid, 0, body))
+        # Producer-written, carried as they are (validated where used): the send time and the trace.
+        tp = headers.get("traceparent")
+        carried = {"traceparent": tp} if isinstance(tp, (str, bytes)) else {}
+        sent = original.timestamp if isinstance(original.timestamp, int) else None
+        props = pika.BasicProperties(
+            delivery_mode=2, timestamp=sent, headers={**carried, **self._stamp(mid, 0, body)}
+        )
         self._call(self._ch.basic_publish, "", self.work_queue, body, props, mandatory=False)
         self._call(self._ch.basic_ack, tag)
         return None
 
-    def _delivery(self, tag: int, headers: dict[str, Any] | None, body: bytes) -> Delivery:
+    def _delivery(self, tag: int, props: pika.BasicProperties, body: bytes) -> Delivery:
         """A work-queue message: its id and count, if a consumer signed them (never raises)."""
-        h = headers or {}
+        h = props.headers or {}
+        extra = {"sent": props.timestamp, "traceparent": h.get("traceparent")}
         mid, prior, sig = h.get(_MID), h.get(_PRIOR), h.get(_SIG)
         try:
             if not (
@@ -196,7 +205,8 @@ class RabbitMQTransport(Transport):
                 raise ValueError("unsigned")
             count = h.get("x-delivery-count", 0)  # the broker's: set when it requeued the message
             broker_count = count if isinstance(count, int) and 0 <= count < 1_000_000 else 0
-            return Delivery(mid, body, prior + broker_count + 1, handle=tag, generation=self._generation)
+            count_ = prior + broker_count + 1
+            return Delivery(mid, body, count_, handle=tag, generation=self._generation, extra=extra)
         except Exception:  # noqa: BLE001 - confined to this message
             problem = f"is not a consumer's signature: {self.work_queue} is written by consumers only"
             logger.warning("message on %s without a valid stamp; dead-lettering it", self.work_queue)
@@ -210,7 +220,14 @@ class RabbitMQTransport(Transport):
             )
 
     def _publish(self, exchange: str, routing_key: str, delivery: Delivery, headers: dict[str, Any]) -> None:
-        props = pika.BasicProperties(delivery_mode=2, message_id=delivery.message_id, headers=headers)
+        carried = {"traceparent": delivery.extra["traceparent"]} if delivery.extra.get("traceparent") else {}
+        sent = delivery.extra.get("sent")
+        props = pika.BasicProperties(
+            delivery_mode=2,
+            message_id=delivery.message_id,
+            timestamp=sent if isinstance(sent, int) else None,
+            headers={**carried, **headers},
+        )
         self._call(self._ch.basic_publish, exchange, routing_key, delivery.body, props, mandatory=False)
 
     def ack(self, delivery: Delivery) -> None:
@@ -243,11 +260,27 @@ class RabbitMQTransport(Transport):
         props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
         self._call(self._ch.basic_publish, "", self.reply_queue, body, props)
 
-    def send(self, body: bytes, message_id: str | None = None) -> None:
+    def send(self, body: bytes, message_id: str | None = None, traceparent: str | None = None) -> None:
         """Publish to ``<queue>`` (``message_id`` is the AMQP property: the producer's, never
-        the message's identity)."""
-        props = pika.BasicProperties(delivery_mode=2, message_id=message_id)
+        the message's identity; ``traceparent`` a header the traces read as untrusted)."""
+        headers = {"traceparent": traceparent} if traceparent else None
+        props = pika.BasicProperties(
+            delivery_mode=2, message_id=message_id, timestamp=int(time.time()), headers=headers
+        )
         self._call(self._ch.basic_publish, "", self.name, body, props)
+
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """A message with a ``traceparent`` header."""
+        self.send(body, traceparent=traceparent)
+
+    def backlog(self) -> dict[str, int] | None:
+        """The ready count of ``<queue>`` and ``<queue>.work``, from passive declares (unacked
+        deliveries are not in it)."""
+        ready = 0
+        for name in (self.name, self.work_queue):
+            ok = self._call(lambda n=name: self._ch.queue_declare(n, passive=True))
+            ready += int(ok.method.message_count)
+        return {"ready": ready}
 
 
 def dead_reason(headers: dict[str, Any] | None) -> dict[str, Any]:

@@ -37,24 +37,26 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 10
 for _, m in ipairs(due) do
   if redis.call('ZREM', KEYS[2], m) == 1 then
     local d = cjson.decode(m)
-    local id = redis.call('XADD', KEYS[1], '*', 'body', d.body)
+    local id = redis.call('XADD', KEYS[1], '*', 'body', d.body,
+                          'sent', d.sent or '', 'traceparent', d.tp or '')
     redis.call('HSET', KEYS[3], id, cjson.encode({mid = d.mid, prior = d.prior}))
   end
 end
 return #due
 """
-# KEYS: stream, ids. ARGV: group, entry id, body, mid, prior. Settle the entry and re-add the
-# message at once, its bookkeeping with it.
+# KEYS: stream, ids. ARGV: group, entry id, body, mid, prior, sent, traceparent. Settle the entry
+# and re-add the message at once, its bookkeeping with it.
 _READD = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], ARGV[2])
-local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3])
+local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'sent', ARGV[6], 'traceparent', ARGV[7])
 redis.call('HSET', KEYS[2], id, cjson.encode({mid = ARGV[4], prior = tonumber(ARGV[5])}))
 return id
 """
-# The only field a producer's entry has: anything else was never the consumer's to trust.
-_ENTRY_FIELDS = frozenset({b"body"})
+# The fields a producer's entry may have: the body, and two the metrics and traces read as untrusted
+# (validated there, never bookkeeping): when it was first sent, and its W3C trace context.
+_ENTRY_FIELDS = frozenset({b"body", b"sent", b"traceparent"})
 _ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
 
@@ -155,11 +157,17 @@ class RedisStreamsTransport(Transport):
             if book is not None:
                 mid, prior = _book(book, entry_id)
             body = fields.get(b"body", b"")
-            d = Delivery(mid, body, prior + times, handle=entry_id)
+            # Producer-written (the metrics and traces validate them): when it was first sent, its trace.
+            extra = {
+                "sent": fields.get(b"sent") or entry_id.split("-")[0],
+                "traceparent": fields.get(b"traceparent"),
+            }
+            d = Delivery(mid, body, prior + times, handle=entry_id, extra=extra)
             extra = sorted(set(fields) - _ENTRY_FIELDS)
             if extra:
                 name = extra[0].decode("utf-8", "replace")[:64]
-                d.malformed = (name, "is not a stream entry field a producer may set (only body is read)")
+                problem = "is not a stream entry field a producer may set (body, sent, traceparent)"
+                d.malformed = (name, problem)
             return d
         except BrokerUnavailable:
             raise
@@ -183,15 +191,18 @@ class RedisStreamsTransport(Transport):
         self._settle(delivery)
 
     def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        sent, tp = _text(delivery.extra.get("sent")), _text(delivery.extra.get("traceparent"))
         try:
             text = delivery.body.decode()
         except UnicodeDecodeError:  # never ran (a job's body is UTF-8 JSON): back at once
             delay_seconds = 0
         if delay_seconds <= 0:
-            args = [self.group, delivery.handle, delivery.body, delivery.message_id, delivery.count]
+            args = [self.group, delivery.handle, delivery.body, delivery.message_id, delivery.count, sent, tp]
             self._call(self._readd, keys=[self.stream, self._ids], args=args)
             return
-        member = json.dumps({"body": text, "mid": delivery.message_id, "prior": delivery.count})
+        member = json.dumps(
+            {"body": text, "mid": delivery.message_id, "prior": delivery.count, "sent": sent, "tp": tp}
+        )
         self._settle(delivery, ("zadd", (self._delayed, {member: time.time() + delay_seconds})))
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
@@ -212,6 +223,26 @@ class RedisStreamsTransport(Transport):
         entry id is the message's identity)."""
         self._call(self._redis().xadd, self.stream, {"body": body})
 
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """An entry with a ``traceparent`` field (the W3C trace context of the producer's span)."""
+        self._call(
+            self._redis().xadd,
+            self.stream,
+            {"body": body, **({"traceparent": traceparent} if traceparent else {})},
+        )
+
+    def backlog(self) -> dict[str, int] | None:
+        """From XINFO GROUPS (the group's lag and pending count) and the delayed set's size."""
+        r = self._redis()
+        groups = self._call(r.xinfo_groups, self.stream)
+        mine = next((g for g in groups if _text(g.get("name")) == self.group), None)
+        if mine is None:
+            return None
+        out = {"leased": int(mine.get("pending") or 0), "delayed": int(self._call(r.zcard, self._delayed))}
+        if mine.get("lag") is not None:  # Redis 7; None when the group's position is unknown
+            out["ready"] = int(mine["lag"])
+        return out
+
 
 def _book(raw: bytes, entry_id: str) -> tuple[str, int]:
     """A ``<stream>:ids`` value: the message's first entry id and its earlier deliveries."""
@@ -220,6 +251,13 @@ def _book(raw: bytes, entry_id: str) -> tuple[str, int]:
     if not isinstance(mid, str) or not mid or not isinstance(prior, int) or not 0 <= prior < 1_000_000:
         raise ValueError(f"bookkeeping of {entry_id} is not {{mid, prior}}: {raw[:100]!r}")
     return mid, prior
+
+
+def _text(value: object) -> str:
+    """A field Redis returned (bytes) or a value carried forward, as text ("" for none)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
 def _safe(url: str) -> str:

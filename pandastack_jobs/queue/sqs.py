@@ -104,7 +104,8 @@ class SQSTransport(Transport):
             MaxNumberOfMessages=max(1, min(max_messages, 10)),
             WaitTimeSeconds=min(20, int(wait_seconds)) if wait_seconds >= 1 else 0,
             VisibilityTimeout=math.ceil(self.lease_seconds or 30),
-            AttributeNames=["ApproximateReceiveCount"],
+            AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageAttributeNames=["traceparent"],
         )
         out = [d for d in (_delivery(m) for m in got.get("Messages", [])) if d is not None]
         if not out and wait_seconds < 1:
@@ -143,14 +144,44 @@ class SQSTransport(Transport):
         """SendMessage (``message_id`` has no place: SQS gives the message its ``MessageId``)."""
         self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=body.decode("utf-8", "replace"))
 
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """A message with a ``traceparent`` message attribute."""
+        attrs = {"traceparent": {"DataType": "String", "StringValue": traceparent}} if traceparent else {}
+        self._call(
+            "send_message",
+            QueueUrl=self.urls["queue"],
+            MessageBody=body.decode("utf-8", "replace"),
+            MessageAttributes=attrs,
+        )
+
+    def backlog(self) -> dict[str, int] | None:
+        """SQS's approximate counts, one GetQueueAttributes call."""
+        names = {
+            "ApproximateNumberOfMessages": "ready",
+            "ApproximateNumberOfMessagesNotVisible": "leased",
+            "ApproximateNumberOfMessagesDelayed": "delayed",
+        }
+        got = self._call("get_queue_attributes", QueueUrl=self.urls["queue"], AttributeNames=list(names))
+        attrs = got.get("Attributes", {})
+        return {state: int(attrs.get(name, 0)) for name, state in names.items()}
+
 
 def _delivery(m: dict[str, Any]) -> Delivery | None:
     """One received message as a delivery (never raises: a message SQS returned without what a
     delivery needs is logged and left to its visibility timeout and the redrive policy)."""
     try:
         count = int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+        # Producer-written (the metrics and traces validate them): when it was sent, its trace.
+        extra = {
+            "sent": m.get("Attributes", {}).get("SentTimestamp"),
+            "traceparent": m.get("MessageAttributes", {}).get("traceparent", {}).get("StringValue"),
+        }
         return Delivery(
-            str(m["MessageId"]), str(m["Body"]).encode(), max(count, 1), handle=m["ReceiptHandle"]
+            str(m["MessageId"]),
+            str(m["Body"]).encode(),
+            max(count, 1),
+            handle=m["ReceiptHandle"],
+            extra=extra,
         )
     except Exception as exc:  # noqa: BLE001 - confined to this message
         logger.warning(

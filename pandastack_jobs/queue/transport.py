@@ -111,6 +111,16 @@ class Transport(ABC):
     def send(self, body: bytes, message_id: str | None = None) -> None:
         """Enqueue a message (the producer's side: the examples, the tests, ``pandastack-jobs send``)."""
 
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """:meth:`send`, carrying the producer's W3C ``traceparent`` where the broker has a place for it
+        (pandastack_jobs/tracing.py); by default it is dropped."""
+        self.send(body)
+
+    def backlog(self) -> dict[str, int] | None:
+        """Messages waiting, by state (``ready``, ``delayed``, ``leased``), where the broker tells it
+        in one cheap call; None where it cannot (the consumer's metrics then leave it out)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release the connection."""
 

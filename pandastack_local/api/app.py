@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from pandastack_local import __version__, agent_client
+from pandastack_local import __version__, agent_client, metrics
 from pandastack_local.api import foreign, openapi
 from pandastack_local.api.routes import ROUTERS
 from pandastack_local.api.routes.deps import error
@@ -115,6 +115,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.manager = manager
     app.state.stream_budget = StreamBudget(config.stream_buffer_mb * MiB)
     app.add_middleware(BearerAuth, expected=f"Bearer {config.api_key}".encode())
+    metrics.install(app, manager, f"Bearer {config.api_key}".encode(), config.metrics_without_key)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)

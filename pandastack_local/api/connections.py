@@ -50,15 +50,19 @@ class ConnectionGuard:
     open: int = 0
     by_client: dict[str, int] = field(default_factory=dict)
     lingering: int = 0
+    refused_per_client: int = 0  # for /metrics (pandastack_local/metrics.py)
+    refused_total: int = 0
 
     def admit(self, client: str) -> tuple[int, str] | None:
         """None (and the connection counted), or the (status, message) to refuse it with."""
         if self.by_client.get(client, 0) >= self.max_per_client:
+            self.refused_per_client += 1
             return 429, (
                 f"too many connections from {client}: at most {self.max_per_client} at once per client "
                 "address; close idle ones or retry later"
             )
         if self.open >= self.max_total:
+            self.refused_total += 1
             return 503, f"too many connections: the server holds {self.max_total}, its limit; retry later"
         self.open += 1
         self.by_client[client] = self.by_client.get(client, 0) + 1

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# make test-observability: the metrics and traces of issue 38 (docs/observability.md), from
+# nothing: installs Debian's prometheus and redis-server (apt) and the venvs' extras when missing,
+# then runs tests/observability (real server, real consumer, real Redis, real prometheus, each on
+# loopback and free ports, stopped by the tests) and the engines' trace tests in their venvs.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+AF=${AF:-$REPO/.venv-airflow}
+PF=${PF:-$REPO/.venv-prefect}
+
+need_apt=()
+[ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+if ((${#need_apt[@]})); then
+  echo "test-observability: installing ${need_apt[*]} (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  # Their own services do not start here (no systemd; policy-rc.d): the tests start their own.
+  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+"$AF/bin/python" -c 'import prometheus_client, opentelemetry.sdk, redis' 2>/dev/null ||
+  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,queue,test,otel]'
+"$PF/bin/python" -c 'import prometheus_client, opentelemetry.sdk' 2>/dev/null ||
+  "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,queue,test,otel]'
+
+"$AF/bin/python" -m pytest -p no:cacheprovider -q tests/observability tests/airflow/test_airflow_traces.py \
+  tests/unit/core/test_observability.py "$@"
+"$PF/bin/python" -m pytest -p no:cacheprovider -q tests/prefect/test_prefect_traces.py "$@"
