@@ -188,14 +188,14 @@ class _StateCollector:
             "share first), sandbox_stopped (a sandbox whose memory stayed after its job was stopped).",
             labels=["action"],
         )
-        counts = admission.counts
-        guard.add_metric(["job_stopped"], counts.jobs_stopped)
-        guard.add_metric(["sandbox_stopped"], counts.sandboxes_stopped)
+        guard_counts = admission.counts
+        guard.add_metric(["job_stopped"], guard_counts.jobs_stopped)
+        guard.add_metric(["sandbox_stopped"], guard_counts.sandboxes_stopped)
         yield guard
         yield CounterMetricFamily(
             "pandastack_local_memory_guard_passes_over_budget",
             "Guard passes that found the sandboxes' memory over the budget.",
-            value=counts.passes_over_budget,
+            value=guard_counts.passes_over_budget,
         )
         refusals = CounterMetricFamily(
             "pandastack_local_refusals",

@@ -163,9 +163,9 @@ class RedisStreamsTransport(Transport):
                 "traceparent": fields.get(b"traceparent"),
             }
             d = Delivery(mid, body, prior + times, handle=entry_id, extra=extra)
-            extra = sorted(set(fields) - _ENTRY_FIELDS)
-            if extra:
-                name = extra[0].decode("utf-8", "replace")[:64]
+            unknown = sorted(set(fields) - _ENTRY_FIELDS)
+            if unknown:
+                name = unknown[0].decode("utf-8", "replace")[:64]
                 problem = "is not a stream entry field a producer may set (body, sent, traceparent)"
                 d.malformed = (name, problem)
             return d
