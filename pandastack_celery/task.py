@@ -12,24 +12,20 @@ The lifecycle is the core's (:func:`pandastack_jobs.run_job`); this module only 
   dead-letter fails at once with the reason;
 - Celery's limits: ``acks_late`` and ``reject_on_worker_lost`` are on, ``soft_time_limit`` and
   ``time_limit`` shorten the job's guest clock so the job is stopped (and its sandbox deleted)
-  before Celery's own limit fires, and the SIGTERM of ``revoke(terminate=True)`` deletes the
-  sandbox before the pool process dies.
+  before Celery's own limit fires, and the SIGTERM of ``revoke(terminate=True)`` unwinds the job
+  through the core's teardown, which deletes the sandbox before the pool process exits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, TypeVar, Union, overload
 
 from celery import Celery, Task
 
-from pandastack_jobs import ConnectionConfig, Engine, FailureKind, JobHandle, JobKey, JobOutcome, JobSpec
+from pandastack_jobs import ConnectionConfig, Engine, FailureKind, JobKey, JobOutcome, JobSpec
 from pandastack_jobs.lifecycle import run_job
 from pandastack_jobs.options import coerce_options, option_names, validate_options
 from pandastack_jobs.pyfunc import check_json, function_job
@@ -134,20 +130,25 @@ class SandboxTask(Task):  # type: ignore[misc]
         check_serializer("result_serializer", self.app.conf.result_serializer)
         request = self.request
         spec, limit = self.job_spec(args, kwargs, request, elapsed=time.monotonic() - started)
-        client = (self.connection or ConnectionConfig()).client()
-        handle = JobHandle()
+        client = self.sandbox_client()
         try:
             if spec.key is not None:
                 redelivered = bool((request.delivery_info or {}).get("redelivered"))
                 match = redelivered_attempts(spec.key) if redelivered else earlier_attempts(spec.key)
                 reap_best_effort(client, match, "sandboxes of earlier deliveries")
-            with _deleting_on_sigterm(handle):
-                outcome = run_job(client, spec, handle=handle, reap=False)
+            # revoke(terminate=True) and a cancel on connection loss SIGTERM the pool process,
+            # whose handler (billiard's) raises SystemExit here: run_job deletes the sandbox
+            # on its way out, before the process exits.
+            outcome = run_job(client, spec, reap=False)
         finally:
             close = getattr(client, "close", None)
             if callable(close):
                 close()
         return self.settle(outcome, limit)
+
+    def sandbox_client(self) -> Any:
+        """A PandaStack client for one call (``connection``, else the SDK's environment)."""
+        return (self.connection or ConnectionConfig()).client()
 
     def job_spec(
         self, args: Any, kwargs: Any, request: Any, elapsed: float = 0.0
@@ -213,33 +214,6 @@ def _static_run(cls: type) -> Optional[Callable[..., Any]]:
             run = klass.__dict__["run"]
             return run.__func__ if isinstance(run, staticmethod) else None  # type: ignore[no-any-return]
     return None
-
-
-@contextlib.contextmanager
-def _deleting_on_sigterm(handle: JobHandle) -> Iterator[None]:
-    """While the job runs, SIGTERM (``revoke(terminate=True)``, a worker's cancel on connection
-    loss) first deletes the sandbox, then does what it did before (the pool process dies).
-
-    Only in a process's main thread (a prefork pool process); elsewhere Python cannot catch it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum: int, frame: Any) -> None:
-        handle.cancel()
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

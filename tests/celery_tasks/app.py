@@ -21,8 +21,13 @@ app.conf.update(
     broker_url=os.environ.get("CELERY_TEST_BROKER", "memory://"),
     result_backend=os.environ.get("CELERY_TEST_BACKEND", "cache+memory://"),
     task_default_queue=os.environ.get("CELERY_TEST_QUEUE", "celery"),
-    # A SIGKILLed worker's Redis message comes back after this; every test task is shorter.
-    broker_transport_options={"visibility_timeout": float(os.environ.get("CELERY_TEST_VISIBILITY", "10"))},
+    # A SIGKILLed worker's Redis message comes back after the visibility timeout (every test task
+    # is shorter), found by a sweep each second (kombu's default: every 100 s).
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("CELERY_TEST_VISIBILITY", "10")),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     worker_cancel_long_running_tasks_on_connection_loss=True,
