@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -68,20 +67,13 @@ def broker_url(broker: Broker) -> str:
 
 
 class Worker:
-    """One ``celery worker`` process in its own process group, logging to a file."""
+    """One ``celery worker`` process in its own process group (noted in the run's pgids file, so
+    run.sh kills it whatever happens), logging to a file."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, events: Path) -> None:
-        self.log, self.events = log, events
-        with open(log, "wb") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=REPO,
-            )
+    def __init__(self, group: ProcessGroup, name: str, argv: list[str], env: dict[str, str], events: Path):
+        self.group, self.events = group, events
+        self.proc = group.start(name, argv, env=env, cwd=REPO)
+        self.popen = self.proc.popen
         wait_for(
             "the celery worker to be ready",
             lambda: "ready." in self.text() or self.popen.poll() is not None,
@@ -96,7 +88,7 @@ class Worker:
         self.popen.wait(10)
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.proc.log_path.read_text(errors="replace")
 
     def lines(self, what: str, task_id: str) -> list[list[str]]:
         if not self.events.exists():
@@ -108,8 +100,10 @@ class Worker:
 class Celeryland:
     """A broker, the result backend, the local server and the workers of one test."""
 
-    def __init__(self, broker: Broker, results: Broker, server: LocalServer, tmp: Path) -> None:
-        self.broker, self.results, self.server, self.tmp = broker, results, server, tmp
+    def __init__(
+        self, group: ProcessGroup, broker: Broker, results: Broker, server: LocalServer, tmp: Path
+    ) -> None:
+        self.group, self.broker, self.results, self.server, self.tmp = group, broker, results, server, tmp
         self.queue = f"cq{uuid.uuid4().hex[:8]}"
         self.events = tmp / "events.log"
         self.workers: list[Worker] = []
@@ -153,7 +147,7 @@ class Celeryland:
             "--queues",
             self.queue,
         ]
-        w = Worker(argv, self.env, self.tmp / f"worker-{len(self.workers)}.log", self.events)
+        w = Worker(self.group, f"celery-{self.queue}-{len(self.workers)}", argv, self.env, self.events)
         self.workers.append(w)
         return w
 
@@ -169,6 +163,7 @@ class Celeryland:
             if w.popen.poll() is None:
                 os.killpg(w.popen.pid, signal.SIGKILL)
                 w.popen.wait(10)
+            self.group.procs.remove(w.proc)
         self.app.close()
 
 
@@ -180,7 +175,7 @@ def celeryland(
     local_server: LocalServer,
     tmp_path: Path,
 ) -> Iterator[Celeryland]:
-    land = Celeryland(broker, _get(_started, celery_group, "results"), local_server, tmp_path)
+    land = Celeryland(celery_group, broker, _get(_started, celery_group, "results"), local_server, tmp_path)
     yield land
     land.close()
 
@@ -193,7 +188,9 @@ def redisland(
     local_server: LocalServer,
     tmp_path: Path,
 ) -> Iterator[Celeryland]:
-    land = Celeryland(redis_broker, _get(_started, celery_group, "results"), local_server, tmp_path)
+    land = Celeryland(
+        celery_group, redis_broker, _get(_started, celery_group, "results"), local_server, tmp_path
+    )
     yield land
     land.close()
 

@@ -17,11 +17,18 @@ from celery.result import AsyncResult
 from pandastack_celery import SandboxJobFailed
 from pandastack_jobs import FailureClass, FailureKind
 from pandastack_local.testing.waiting import wait_for
-from tests.celery_tasks.conftest import VISIBILITY, Celeryland, wait_started
+from tests.celery_tasks.conftest import VISIBILITY, Celeryland, Worker, wait_started
 
 
 def _gone(land: Celeryland, sandbox_id: str) -> bool:
     return all(sb.id != sandbox_id for sb in land.server.client().sandboxes.list())
+
+
+def events(worker: Worker, what: str, task_id: str, n: int = 1) -> int:
+    """How many ``what`` lines the task has, once it has at least ``n`` (the worker writes its line
+    after the result is stored, so the caller can see the result first)."""
+    wait_for(f"{n} {what} line(s) of {task_id}", lambda: len(worker.lines(what, task_id)) >= n, timeout=10)
+    return len(worker.lines(what, task_id))
 
 
 def test_result_retry_and_dead_letter(celeryland: Celeryland) -> None:
@@ -42,7 +49,7 @@ def test_result_retry_and_dead_letter(celeryland: Celeryland) -> None:
     assert "cannot parse 'x;y'" in str(failed.value)
     assert len(land.workers[0].lines("start", bad.id)) == 1  # never retried
     for r in (ok, flaky):
-        assert len(land.workers[0].lines("success", r.id)) == 1
+        assert events(land.workers[0], "success", r.id) == 1
 
 
 def test_worker_sigkill_redelivers_and_reaps(celeryland: Celeryland) -> None:
@@ -59,7 +66,7 @@ def test_worker_sigkill_redelivers_and_reaps(celeryland: Celeryland) -> None:
     timeout = 60 + (VISIBILITY if land.broker.name == "redis" else 0)
     assert r.get(timeout=timeout) == {"x": "survivor", "task_id": r.id, "retries": 0}
     assert _gone(land, orphan.id)
-    assert len(second.lines("success", r.id)) == 1  # the events file is the workers' common log
+    assert events(second, "success", r.id) == 1  # the events file is the workers' common log
 
 
 def test_broker_restart_mid_task(celeryland: Celeryland) -> None:
@@ -71,8 +78,7 @@ def test_broker_restart_mid_task(celeryland: Celeryland) -> None:
     wait_started(land, r.id)
     land.broker.restart(down_seconds=1)
     assert r.get(timeout=90)["x"] == "through a restart"
-    wait_for("one success", lambda: worker.lines("success", r.id), timeout=10, interval=0.2)
-    assert len(worker.lines("success", r.id)) == 1
+    assert events(worker, "success", r.id) == 1
     wait_for("no sandbox of the task", lambda: not land.sandboxes(r.id), timeout=10, interval=0.2)
 
 
@@ -88,7 +94,7 @@ def test_pool_process_killed_is_requeued(redisland: Celeryland) -> None:
     assert r.get(timeout=60) == {"x": "again", "task_id": r.id, "retries": 0}
     assert _gone(land, orphan.id)
     assert len(worker.lines("start", r.id)) == 2
-    assert len(worker.lines("success", r.id)) == 1
+    assert events(worker, "success", r.id) == 1
 
 
 def test_memory_hog_beside_honest_tasks(redisland: Celeryland) -> None:
