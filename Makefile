@@ -55,7 +55,7 @@ lint: venvs
 typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
-	$(CE)/bin/mypy pandastack_celery
+	$(CE)/bin/mypy pandastack_celery celery_app
 
 # The unit tier (tests/unit): the core's lifecycle, classification, detached jobs, reaping and pools,
 # the executor's state machine, and the Airflow and Prefect adapters' translation, against in-memory

@@ -10,9 +10,10 @@ from .versions import check_celery
 check_celery()
 
 from .exceptions import PandaStackCeleryError, SandboxJobFailed, SandboxTaskConfigError  # noqa: E402
-from .task import SandboxTask, guest_clock, sandbox_task  # noqa: E402
+from .task import SANDBOX_SETTINGS, SandboxTask, guest_clock, sandbox_task  # noqa: E402
 
 __all__ = [
+    "SANDBOX_SETTINGS",
     "PandaStackCeleryError",
     "SandboxJobFailed",
     "SandboxTask",

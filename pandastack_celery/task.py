@@ -42,6 +42,19 @@ DEFAULT_RETRY_DELAY = 2.0
 networks; a fresh sandbox can start at once). A capacity refusal waits its ``Retry-After`` if longer."""
 DEFAULT_MAX_RETRIES = 3
 
+SANDBOX_SETTINGS: dict[str, Any] = {
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json"],
+    "result_accept_content": ["json"],
+    # A pool process holds one task at a time: a prefetched message waits unacked behind a long one.
+    "worker_prefetch_multiplier": 1,
+    # On a lost broker connection an acks_late task can no longer be acked and comes back anyway:
+    # cancel it (its sandbox is deleted) instead of running it twice.
+    "worker_cancel_long_running_tasks_on_connection_loss": True,
+}
+"""The app settings sandbox tasks are tested with: ``app.conf.update(SANDBOX_SETTINGS)``."""
+
 
 def clock_margin(limit: float) -> float:
     """How long before a Celery time limit the job's guest clock stops it: room to read the

@@ -14,9 +14,10 @@ from typing import Any
 
 from celery import Celery, signals
 
-from pandastack_celery import sandbox_task
+from pandastack_celery import SANDBOX_SETTINGS, sandbox_task
 
 app = Celery("sandboxed")
+app.conf.update(SANDBOX_SETTINGS)
 app.conf.update(
     broker_url=os.environ.get("CELERY_TEST_BROKER", "memory://"),
     result_backend=os.environ.get("CELERY_TEST_BACKEND", "cache+memory://"),
@@ -29,8 +30,6 @@ app.conf.update(
         "unacked_restore_throttle": 1,
     },
     broker_connection_retry_on_startup=True,
-    worker_prefetch_multiplier=1,
-    worker_cancel_long_running_tasks_on_connection_loss=True,
     task_track_started=True,
 )
 

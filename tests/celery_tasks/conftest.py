@@ -117,6 +117,10 @@ class Celeryland:
             "CELERY_TEST_QUEUE": self.queue,
             "CELERY_TEST_EVENTS": str(self.events),
             "CELERY_TEST_VISIBILITY": str(VISIBILITY),
+            # The example app (celery_app/tasks.py) reads these.
+            "CELERY_BROKER_URL": broker_url(broker),
+            "CELERY_RESULT_BACKEND": f"redis://127.0.0.1:{results.port}/0",
+            "EXAMPLE_TEMPLATE": "base",
         }
         self.app = Celery("sandboxed", set_as_current=False)
         self.app.conf.update(
@@ -126,13 +130,13 @@ class Celeryland:
             broker_transport_options={"visibility_timeout": VISIBILITY},
         )
 
-    def worker(self, concurrency: int = 2) -> Worker:
+    def worker(self, concurrency: int = 2, module: str = "tests.celery_tasks.app") -> Worker:
         argv = [
             sys.executable,
             "-m",
             "celery",
             "-A",
-            "tests.celery_tasks.app",
+            module,
             "worker",
             "--loglevel",
             "INFO",
@@ -152,7 +156,8 @@ class Celeryland:
         return w
 
     def send(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self.app.send_task(f"tests.celery_tasks.app.{name}", args=args, kwargs=kwargs)
+        full = name if "." in name else f"tests.celery_tasks.app.{name}"
+        return self.app.send_task(full, args=args, kwargs=kwargs)
 
     def sandboxes(self, task_id: str) -> list[Any]:
         client = self.server.client()

@@ -142,3 +142,18 @@ def test_soft_time_limit_is_the_guest_clock(redisland: Celeryland) -> None:
     assert "SoftTimeLimitExceeded" not in worker.text()
     assert len(worker.lines("start", r.id)) == 1
     assert not land.sandboxes(r.id)
+
+
+def test_the_example_app(redisland: Celeryland) -> None:
+    """celery_app/tasks.py, as docs/celery.md runs it: a result, and a dead-letter at once."""
+    land = redisland
+    land.worker(concurrency=2, module="celery_app.tasks")
+    counted = land.send("celery_app.tasks.word_count", "a b a")
+    rows = [{"t": 1.0}, {"t": 3.0}]
+    summary = land.send("celery_app.tasks.summarize", rows, "t")
+    missing = land.send("celery_app.tasks.summarize", rows, "nope")
+    assert counted.get(timeout=60) == {"a": 2, "b": 1}
+    assert summary.get(timeout=60) == {"mean": 2.0, "max": 3.0, "rows": 2}
+    with pytest.raises(SandboxJobFailed, match="no row has the column 'nope'") as failed:
+        missing.get(timeout=60)
+    assert failed.value.failure_class is FailureClass.DEAD_LETTER
