@@ -50,7 +50,7 @@ templates: $(AF)/.installed
 
 lint: venvs
 	$(AF)/bin/ruff check .
-	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks
+	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks pandastack_celery celery_app
 
 typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo

@@ -101,7 +101,6 @@ class SandboxTask(Task):  # type: ignore[misc]
     names); the PandaStack connection in ``connection`` (default: the SDK's environment,
     ``PANDASTACK_API`` and ``PANDASTACK_API_KEY``)."""
 
-    abstract = True
     acks_late = True
     """Acked after the result is stored: a worker that dies mid-task leaves it for another."""
     reject_on_worker_lost = True
