@@ -184,3 +184,12 @@ def test_a_successful_outcome_is_returned_as_is(task: Any) -> None:
         assert task.settle(JobOutcome(ok=True, result={"a": 1}, has_result=True)) == {"a": 1}
     finally:
         task.pop_request()
+
+
+def test_an_older_celery_is_refused_naming_the_floor() -> None:
+    from pandastack_celery.versions import check_celery
+
+    check_celery((5, 4))
+    check_celery((6, 0))  # no cap
+    with pytest.raises(ImportError, match=r"celery>=5\.4; this is Celery 5\.3"):
+        check_celery((5, 3))
