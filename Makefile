@@ -6,9 +6,12 @@
 PYTHON ?= python3
 AF := .venv-airflow
 PF := .venv-prefect
+# Celery's tests and type check: a venv of its own (the core, the local server, Celery; no engine),
+# so the e2e extra's pin of Celery for Airflow's CeleryExecutor never decides which Celery runs here.
+CE := .venv-celery
 PYTEST_ARGS ?=
 
-.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-executor test-airflow-executor-stack test-unit test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-executor test-airflow-executor-stack test-unit test-celery test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -33,7 +36,12 @@ $(PF)/.installed: pyproject.toml
 	$(PF)/bin/pip install -q --disable-pip-version-check -e '.[prefect,local,queue,test,otel]'
 	@touch $@
 
-venvs: $(AF)/.installed $(PF)/.installed
+$(CE)/.installed: pyproject.toml
+	@test -x $(CE)/bin/python || $(PYTHON) -m venv $(CE)
+	$(CE)/bin/pip install -q --disable-pip-version-check -e '.[celery,local,queue,test]'
+	@touch $@
+
+venvs: $(AF)/.installed $(PF)/.installed $(CE)/.installed
 
 # The local server's templates: code-interpreter's data stack is built once into
 # ~/.cache/pandastack-local (pip, the machine's own configuration) and reused by every
@@ -44,11 +52,12 @@ templates: $(AF)/.installed
 
 lint: venvs
 	$(AF)/bin/ruff check .
-	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks
+	$(AF)/bin/ruff format --check pandastack_jobs pandastack_local airflow_provider prefect_blocks pandastack_celery celery_app
 
 typecheck: venvs
 	$(AF)/bin/mypy pandastack_jobs pandastack_local airflow_provider demo
 	$(PF)/bin/mypy prefect_blocks
+	$(CE)/bin/mypy pandastack_celery celery_app
 
 # The unit tier (tests/unit): the core's lifecycle, classification, detached jobs, reaping and pools,
 # the executor's state machine, and the Airflow and Prefect adapters' translation, against in-memory
@@ -58,6 +67,7 @@ typecheck: venvs
 test-unit: venvs
 	$(TIMED) test-unit-airflow $(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow $(PYTEST_ARGS)
 	$(TIMED) test-unit-prefect $(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
+	$(TIMED) test-unit-celery $(CE)/bin/python -m pytest -q --timeout=60 tests/unit/celery $(PYTEST_ARGS)
 
 # Which suite runs where, and why there (once per backend and privilege for the server's suites,
 # once for the core, each engine's in its venv): docs/testing.md. Each leg prints its time
@@ -197,6 +207,15 @@ test-queue: venvs templates
 test-observability: venvs templates
 	tests/observability/run.sh $(PYTEST_ARGS)
 
+# Celery (docs/celery.md): sandbox tasks on real `celery worker` processes, real Redis and
+# RabbitMQ brokers (a Redis result backend) and a real local server, each started by the tests on
+# loopback and free ports: results, retries, dead-letters, a SIGKILLed worker and pool process, a
+# broker restart, a memory hog, revoke(terminate=True), time limits. Installs the brokers (apt)
+# when missing; stops everything it started, whatever happens. About 2 minutes.
+.PHONY: test-celery
+test-celery: $(CE)/.installed templates
+	CE=$(CE) tests/celery_tasks/run.sh $(PYTEST_ARGS)
+
 # Production topology e2e (issue 9): PostgreSQL, Redis, the local PandaStack server, Airflow
 # with CeleryExecutor and two workers, Prefect server with a process pool and two workers.
 # Installs what is missing; stops everything it started, whatever happens.
@@ -239,4 +258,4 @@ bench: venvs templates
 	$(AF)/bin/python -m benchmarks.run
 
 clean:
-	rm -rf $(AF) $(PF) $(FLOORS) dist build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(AF) $(PF) $(CE) $(FLOORS) dist build .mypy_cache .ruff_cache .pytest_cache

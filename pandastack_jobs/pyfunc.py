@@ -77,8 +77,12 @@ def function_job(
         check_json(arg, f"args[{i}]")
     for name, arg in kwargs.items():
         check_json(arg, f"kwargs[{name!r}]")
-    script = function_source(fn) + _RUNNER.format(
-        name=fn.__name__, input_path=INPUT_PATH, result_path=RESULT_PATH
+    # Annotations stay text: the names they use (typing's Any, the caller's classes) are not in the
+    # sandbox, where evaluating them would be a NameError before the body ran.
+    script = (
+        "from __future__ import annotations\n\n"
+        + function_source(fn)
+        + _RUNNER.format(name=fn.__name__, input_path=INPUT_PATH, result_path=RESULT_PATH)
     )
     return {
         "command": COMMAND,

@@ -84,6 +84,21 @@ def earlier_attempts(key: JobKey) -> Match:
     return earlier
 
 
+def redelivered_attempts(key: JobKey) -> Match:
+    """The match for the sandboxes of this try and the earlier ones of the job ``key`` names.
+
+    For a redelivery that repeats the try number: a Celery message requeued after its worker died
+    carries the same task id and retry count as the delivery that died, so that delivery's sandbox
+    is labelled with this very try. Use it only on a delivery the broker marks as redelivered
+    (a live first delivery of the same try would be deleted under its job).
+    """
+
+    def same_or_earlier(meta: Mapping[str, str]) -> bool:
+        return meta.get("job_id") == key.job_id and is_earlier_try(meta.get("job_try"), key.try_number + 1)
+
+    return same_or_earlier
+
+
 def reap_earlier_attempts(client: pandastack.Client, key: JobKey) -> list[str]:
     """Delete the sandboxes of earlier tries of the job ``key`` names."""
     return sweep(client, earlier_attempts(key))

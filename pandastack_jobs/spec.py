@@ -70,6 +70,7 @@ class Engine:
     PREFECT = "prefect"  # a Prefect task run (run_in_sandbox, @sandbox_task, the fork pool)
     PREFECT_WORKER = "prefect-worker"  # a whole flow run in the pandastack work pool
     QUEUE = "queue"  # a queue message (pandastack_jobs.queue)
+    CELERY = "celery"  # a Celery task call (pandastack_celery): run = task id, try = retries + 1
 
 
 @dataclass(frozen=True)

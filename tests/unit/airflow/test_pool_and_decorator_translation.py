@@ -93,7 +93,9 @@ def test_task_pandastack_ships_the_source_and_json_arguments_and_returns_the_jso
     wired.script("python3 /work/_pandastack_fn.py", Script(action=job))
     assert _decorated(add, 2, b=5).execute(context()) == 7
     source = shipped["source"]
-    assert source.startswith("def add(") and "return a + b" in source and "pickle" not in source
+    # Annotations stay text in the sandbox (typing's names are not imported there).
+    assert source.startswith("from __future__ import annotations\n\ndef add(")
+    assert "return a + b" in source and "pickle" not in source
 
 
 def test_task_pandastack_refuses_arguments_that_are_not_json(wired: FakeClient) -> None:

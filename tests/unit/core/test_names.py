@@ -71,6 +71,7 @@ def test_engine_names_are_declared_once_in_the_core() -> None:
         "PREFECT": "prefect",
         "PREFECT_WORKER": "prefect-worker",
         "QUEUE": "queue",
+        "CELERY": "celery",
     }
 
 

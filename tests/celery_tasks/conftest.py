@@ -1,0 +1,210 @@
+"""Fixtures of the Celery tests: real brokers (Redis, RabbitMQ) and a Redis result backend on
+loopback and free ports, the session's pandastack-local server, and real ``celery worker``
+processes (their own process groups, SIGKILLed at the end whatever happens)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import pandastack_celery  # noqa: F401 - AsyncResult.get() rebuilds its SandboxJobFailed only once imported
+from e2e.procs import ProcessGroup
+from pandastack_local import LocalServer
+from pandastack_local.testing.waiting import wait_for
+from tests.queue.brokers import Broker, RabbitMQ, Redis, run_dir
+
+REPO = Path(__file__).resolve().parents[2]
+VISIBILITY = 10.0  # seconds before Redis gives a dead worker's unacked message to another
+BROKERS = ["redis", "rabbitmq"]
+
+
+class ResultRedis(Redis):
+    """A second Redis: the result backend, so restarting the broker leaves the results alone."""
+
+    name = "redis-results"
+
+
+@pytest.fixture(scope="session")
+def celery_group() -> Iterator[ProcessGroup]:
+    group = ProcessGroup(run_dir())
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture(scope="session")
+def _started(celery_group: ProcessGroup) -> dict[str, Broker]:
+    return {}
+
+
+def _get(started: dict[str, Broker], group: ProcessGroup, kind: str) -> Broker:
+    if kind not in started:
+        started[kind] = {"redis": Redis, "rabbitmq": RabbitMQ, "results": ResultRedis}[kind](group)
+    return started[kind]
+
+
+@pytest.fixture(params=BROKERS)
+def broker(request: pytest.FixtureRequest, _started: dict[str, Broker], celery_group: ProcessGroup) -> Broker:
+    return _get(_started, celery_group, request.param)
+
+
+@pytest.fixture
+def redis_broker(_started: dict[str, Broker], celery_group: ProcessGroup) -> Broker:
+    return _get(_started, celery_group, "redis")
+
+
+def broker_url(broker: Broker) -> str:
+    if isinstance(broker, RabbitMQ):
+        return f"amqp://guest:guest@127.0.0.1:{broker.port}//"
+    return f"redis://127.0.0.1:{broker.port}/0"
+
+
+class Worker:
+    """One ``celery worker`` process in its own process group (noted in the run's pgids file, so
+    run.sh kills it whatever happens), logging to a file."""
+
+    def __init__(self, group: ProcessGroup, name: str, argv: list[str], env: dict[str, str], events: Path):
+        self.group, self.events = group, events
+        self.proc = group.start(name, argv, env=env, cwd=REPO)
+        self.popen = self.proc.popen
+        wait_for(
+            "the celery worker to be ready",
+            lambda: "ready." in self.text() or self.popen.poll() is not None,
+            timeout=60,
+            interval=0.2,
+        )
+        assert self.popen.poll() is None, self.text()
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: the main process and its pool processes."""
+        os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+    def text(self) -> str:
+        return self.proc.log_path.read_text(errors="replace")
+
+    def lines(self, what: str, task_id: str) -> list[list[str]]:
+        if not self.events.exists():
+            return []
+        rows = [line.split() for line in self.events.read_text().splitlines()]
+        return [r for r in rows if r[:2] == [what, task_id]]
+
+
+class Celeryland:
+    """A broker, the result backend, the local server and the workers of one test."""
+
+    def __init__(
+        self, group: ProcessGroup, broker: Broker, results: Broker, server: LocalServer, tmp: Path
+    ) -> None:
+        self.group, self.broker, self.results, self.server, self.tmp = group, broker, results, server, tmp
+        self.queue = f"cq{uuid.uuid4().hex[:8]}"
+        self.events = tmp / "events.log"
+        self.workers: list[Worker] = []
+        self.env = {
+            **os.environ,
+            **server.env(),
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "CELERY_TEST_BROKER": broker_url(broker),
+            "CELERY_TEST_BACKEND": f"redis://127.0.0.1:{results.port}/0",
+            "CELERY_TEST_QUEUE": self.queue,
+            "CELERY_TEST_EVENTS": str(self.events),
+            "CELERY_TEST_VISIBILITY": str(VISIBILITY),
+            # The example app (celery_app/tasks.py) reads these.
+            "CELERY_BROKER_URL": broker_url(broker),
+            "CELERY_RESULT_BACKEND": f"redis://127.0.0.1:{results.port}/0",
+            "EXAMPLE_TEMPLATE": "base",
+        }
+        self.app = Celery("sandboxed", set_as_current=False)
+        self.app.conf.update(
+            broker_url=self.env["CELERY_TEST_BROKER"],
+            result_backend=self.env["CELERY_TEST_BACKEND"],
+            task_default_queue=self.queue,
+            broker_transport_options={"visibility_timeout": VISIBILITY},
+        )
+
+    def worker(self, concurrency: int = 2, module: str = "tests.celery_tasks.app") -> Worker:
+        argv = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            module,
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            str(concurrency),
+            "--hostname",
+            f"w{len(self.workers)}-{self.queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--queues",
+            self.queue,
+        ]
+        w = Worker(self.group, f"celery-{self.queue}-{len(self.workers)}", argv, self.env, self.events)
+        self.workers.append(w)
+        return w
+
+    def send(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        full = name if "." in name else f"tests.celery_tasks.app.{name}"
+        return self.app.send_task(full, args=args, kwargs=kwargs)
+
+    def sandboxes(self, task_id: str) -> list[Any]:
+        client = self.server.client()
+        return [sb for sb in client.sandboxes.list() if (sb.metadata or {}).get("celery_task_id") == task_id]
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.popen.poll() is None:
+                os.killpg(w.popen.pid, signal.SIGKILL)
+                w.popen.wait(10)
+            self.group.procs.remove(w.proc)
+        self.app.close()
+
+
+@pytest.fixture
+def celeryland(
+    broker: Broker,
+    _started: dict[str, Broker],
+    celery_group: ProcessGroup,
+    local_server: LocalServer,
+    tmp_path: Path,
+) -> Iterator[Celeryland]:
+    land = Celeryland(celery_group, broker, _get(_started, celery_group, "results"), local_server, tmp_path)
+    yield land
+    land.close()
+
+
+@pytest.fixture
+def redisland(
+    redis_broker: Broker,
+    _started: dict[str, Broker],
+    celery_group: ProcessGroup,
+    local_server: LocalServer,
+    tmp_path: Path,
+) -> Iterator[Celeryland]:
+    land = Celeryland(
+        celery_group, redis_broker, _get(_started, celery_group, "results"), local_server, tmp_path
+    )
+    yield land
+    land.close()
+
+
+def wait_started(land: Celeryland, task_id: str, timeout: float = 60) -> Callable[[], Any]:
+    """Wait until the task's sandbox exists (its job is running); return it."""
+    return wait_for(  # type: ignore[no-any-return]
+        f"task {task_id}'s sandbox",
+        lambda: land.sandboxes(task_id),
+        timeout=timeout,
+        interval=0.1,
+    )[0]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# make test-celery: sandbox tasks on a real celery worker, real Redis and RabbitMQ, from nothing,
+# on loopback only. Installs what is missing (Debian redis-server and rabbitmq-server), runs
+# tests/celery_tasks (whose fixtures start the brokers, the result backend and the workers on free
+# ports, and stop them), and whatever happened kills every process group the run started and
+# checks that nothing is left running or listening.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+CE=${CE:-$REPO/.venv-celery}
+START=$(date +%s)
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
+if ((${#need_apt[@]})); then
+  echo "test-celery: installing ${need_apt[*]} (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
+  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+RUN_DIR=$(mktemp -d /tmp/pandastack-celery.XXXXXX)
+chmod 755 "$RUN_DIR"
+export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
+echo "test-celery: run directory (broker and worker logs) $RUN_DIR"
+
+# shellcheck source=../../scripts/run-dir.sh
+. "$REPO/scripts/run-dir.sh"
+cleanup() {
+  rc=$?
+  trap - EXIT INT TERM
+  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
+  if reap_run_dir test-celery "$CE/bin/python" "$RUN_DIR" "$RUN_DIR/all-pgids" 1; then
+    rm -rf "$RUN_DIR"
+  elif [ "$rc" = 0 ]; then
+    rc=1
+  fi
+  echo "test-celery: wall time $(( $(date +%s) - START ))s, exit $rc"
+  exit "$rc"
+}
+trap cleanup EXIT INT TERM
+
+"$CE/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/celery_tasks "$@"
