@@ -24,13 +24,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fastapi import FastAPI
 
-    from pandastack_local.manager import SandboxManager
+# The manager (pandastack_local.manager.SandboxManager) imports this module for its counters, so
+# it is typed by what is read of it here, not imported (the packages import no circle).
+SandboxManager = Any
 
 MAX_TEMPLATE_LABELS = 64
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -265,12 +270,15 @@ class HttpMetrics:
                 self.metrics.exec.labels("stream").observe(seconds)
 
 
-def install(app: FastAPI, manager: SandboxManager, expected: bytes, public: bool) -> None:
-    """Serve ``GET /metrics`` on ``app`` (with ``expected``, ``Bearer <key>``, unless ``public``)
-    and time every request."""
-    from pandastack_local.api.app import bearer_token
-    from pandastack_local.api.routes.deps import error
-
+def install(
+    app: FastAPI,
+    manager: SandboxManager,
+    expected: bytes,
+    public: bool,
+    bearer_token: Callable[[Any], bytes],
+) -> None:
+    """Serve ``GET /metrics`` on ``app`` (with ``expected``, ``Bearer <key>``, unless ``public``;
+    ``bearer_token`` reads the token as the API does) and time every request."""
     metrics = manager.metrics
 
     async def serve_metrics(request: Request) -> Response:
@@ -278,13 +286,15 @@ def install(app: FastAPI, manager: SandboxManager, expected: bytes, public: bool
             token = bearer_token(request.scope)
             if not token or not hmac.compare_digest(b"Bearer " + token, expected):
                 detail = "missing bearer token" if not token else "invalid api token"
-                return error(
-                    401,
-                    "unauthorized",
-                    {"WWW-Authenticate": "Bearer"},
-                    detail=f"{detail}: /metrics takes the API key as a bearer token "
-                    "(Prometheus: authorization: {credentials: ...}), or start the server with "
-                    "--metrics-without-key on a trusted network",
+                return JSONResponse(
+                    {
+                        "error": "unauthorized",
+                        "detail": f"{detail}: /metrics takes the API key as a bearer token "
+                        "(Prometheus: authorization: {credentials: ...}), or start the server with "
+                        "--metrics-without-key on a trusted network",
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
                 )
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -22,10 +22,13 @@ from ..tracing import outcome_class
 
 if TYPE_CHECKING:
     from ..outcome import JobOutcome
-    from .consumer import Consumer
     from .transport import Delivery, Transport
 
 logger = logging.getLogger(__name__)
+
+# The consumer (.consumer.Consumer) imports this module for its observer, so it is typed by what is
+# read of it here, not imported (the packages import no circle).
+Consumer = Any
 
 # Dead-letter kinds: the failure kinds, plus the two the consumer decides before a job runs.
 DEAD_KINDS = frozenset({*(k.value for k in FailureKind), "malformed", "max_deliveries", "unknown"})

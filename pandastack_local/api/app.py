@@ -115,7 +115,9 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.state.manager = manager
     app.state.stream_budget = StreamBudget(config.stream_buffer_mb * MiB)
     app.add_middleware(BearerAuth, expected=f"Bearer {config.api_key}".encode())
-    metrics.install(app, manager, f"Bearer {config.api_key}".encode(), config.metrics_without_key)
+    metrics.install(
+        app, manager, f"Bearer {config.api_key}".encode(), config.metrics_without_key, bearer_token
+    )
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)

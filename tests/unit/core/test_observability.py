@@ -12,9 +12,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pandastack_jobs.queue import Consumer, Delivery
+from pandastack_jobs.queue.memory import MemoryTransport as _Memory
 from pandastack_jobs.queue.metrics import ConsumerMetrics, sent_at
 from pandastack_jobs.testing import FakeClient
-from tests.unit.core.test_queue_chunks import _Fake, _Memory
+from tests.unit.core.test_queue_chunks import _Fake
 
 REPO = Path(__file__).resolve().parents[3]
 

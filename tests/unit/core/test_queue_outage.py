@@ -13,10 +13,11 @@ import pytest
 
 from pandastack_jobs.queue import Consumer
 from pandastack_jobs.queue.consumer import MAX_UNCHARGED
+from pandastack_jobs.queue.memory import MemoryTransport as _Memory
 from pandastack_jobs.queue.outage import Backoff, Uncharged, platform_failure
 from pandastack_jobs.testing import FakeClient
 from pandastack_local.testing.waiting import wait_for
-from tests.unit.core.test_queue_chunks import _Fake, _Memory
+from tests.unit.core.test_queue_chunks import _Fake
 
 
 def _start(fake: FakeClient, t: _Memory, **kw: Any) -> tuple[Consumer, threading.Thread]:
