@@ -43,6 +43,9 @@ SERVER_OOM_SCORE_ADJ = -900
 # stopped whole (its memory outlived its job): a little less than the guard's interval, so it
 # is the very next pass.
 SETTLE_SECONDS = 0.3
+# Past the budget, the guard reclaims this much below it too (Kubernetes' minimum reclaim), so an
+# offender still growing does not take the total straight back over: a twentieth of the budget.
+MIN_RECLAIM_FRACTION = 20
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ class Admission:
         if total <= budget:
             return []
         self.counts.passes_over_budget += 1
-        excess = total - budget
+        excess = total - budget + budget // MIN_RECLAIM_FRACTION
         plan: list[Stop] = []
         # Kubernetes' order: by use above the share (the same share for all: by use), largest first.
         for name in sorted((n for n in users if held[n] > share), key=lambda n: held[n], reverse=True):

@@ -386,7 +386,14 @@ class SandboxManager:
                 sb.last_active = time.monotonic()
                 sb.log(f"lost: {sb.ended}")
                 self.admission.forget(sb.id)
-                await self._kill(sb.process)
+                # SIGKILL everything now (its memory comes back as the processes die); the removal
+                # (cgroups, host dir) runs in the background, as a delete's does.
+                if stop(sb.process, self.cgroups):
+                    task = asyncio.create_task(self._kill(sb.process))
+                    self.teardowns.add(task)
+                    task.add_done_callback(self._torn_down)
+                else:
+                    await self._kill(sb.process)
             else:
                 sb.log(f"{why}: its job was stopped (SIGKILL, exit 137)")
             self.admission.stopped(pick)

@@ -1,5 +1,5 @@
 """The memory guard under a hostile tenant (issue 34), through the real SDK, with a lowered budget
-so this shared machine stays safe (each test's sandboxes use at most about 1.7 GB at their peak).
+so this shared machine stays safe (each test's sandboxes use at most about 1.9 GB at their peak).
 
 An attacker admits many idle sandboxes (cheap under admission by use) and makes a few of them grow
 at once; an honest neighbour runs a steady ~120 MB job. The guard must stop the attackers' jobs,
@@ -27,7 +27,7 @@ from tests.support.server import GVISOR
 BUDGET_MB = 1000
 IDLE_ATTACKERS = 12
 GROWERS = 4
-GROW_MB = 250
+GROW_MB = 300
 NEIGHBOUR_MB = 120
 # How long the total may stay over the budget: the guard's 2 s bound, plus one scan for the
 # tracker's own polling and a loaded 2-core host.
@@ -167,7 +167,8 @@ def test_the_guard_stops_the_attackers_never_the_neighbour(
         assert not isinstance(outcome, Exception), outcome
         assert outcome.exit_code == 0 and outcome.stdout.strip() == f"held {NEIGHBOUR_MB}", outcome
         stopped = [o for o in outcomes if _stopped(o)]
-        # What the growers made takes the total past the budget by more than one grower's share.
+        # Four growers of 300 MB take the total past the budget by more than one grower, however
+        # their growth interleaves: at least two jobs must go.
         assert len(stopped) >= 2, (outcomes, server.log_tail(60))
         for o in outcomes:
             assert _stopped(o) or (o.exit_code == 0 and "held" in o.stdout), o
