@@ -55,7 +55,7 @@ from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Trans
 
 logger = logging.getLogger(__name__)
 
-_LIBRDKAFKA_LOG = logger.getChild("librdkafka")
+_LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the module's logger
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0

@@ -11,7 +11,6 @@ own disk (tmpfs: page cache that cannot be dropped), ``/dev/shm``, and a forked 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import httpx
 import pandastack
 import pytest
 
+from pandastack_local.testing.procs import descendants
 from tests.support.server import GVISOR
 
 BUDGET_MB = 1000
@@ -192,26 +192,6 @@ def test_the_guard_stops_the_attackers_never_the_neighbour(
                 pass
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every host process under ``pid`` (by each process's parent in /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _cgroups(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cgroup").read_text()
@@ -242,7 +222,7 @@ def test_the_hosts_oom_killer_picks_a_sandbox_before_the_server(make_local_serve
             job = pool.submit(sb.exec, "python3 /work/grow.py anon 60 2", timeout_seconds=60)
             seen: dict[int, int] = {}
             while not job.done():  # every host process in the sandbox's cgroups while its job runs
-                mine = (p for p in _descendants(server.pid or 0) if sb.id in _cgroups(p))
+                mine = (p for p in descendants(server.pid or 0) if sb.id in _cgroups(p))
                 seen |= {p: a for p in mine if (a := _adj(p)) is not None}
                 time.sleep(0.05)
             assert job.result().exit_code == 0

@@ -18,13 +18,16 @@ def pandastack_executor_warm() -> None:
     @task
     def where() -> dict[str, str]:
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        environ = []  # every process's environment: the standby's runner's and the try's
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    environ.append((entry / "environ").read_bytes().decode(errors="replace"))
-                except OSError:
-                    pass
+
+        def environ_of(proc: Path) -> str | None:
+            try:
+                return (proc / "environ").read_bytes().decode(errors="replace")
+            except OSError:  # gone meanwhile
+                return None
+
+        # Every process's environment: the standby's runner's and the try's.
+        procs = [entry for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+        environ = [text for text in map(environ_of, procs) if text is not None]
         return {"sandbox_id": Path(SANDBOX_ID).read_text(), "parent": parent, "environ": environ}
 
     where()

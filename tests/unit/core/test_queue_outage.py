@@ -35,6 +35,18 @@ def _stop(c: Consumer, thread: threading.Thread) -> None:
     assert not thread.is_alive(), c.stats
 
 
+def _dead_letter(fake: FakeClient, t: _Memory, timeout: float) -> tuple[Consumer, Any]:
+    """Consume ``t`` (two deliveries at most) until its one message is dead-lettered: the consumer
+    and that dead letter's ``(message id, reason)``."""
+    c, thread = _start(fake, t, max_deliveries=2)
+    try:
+        wait_for("the dead letter", lambda: t.dead, timeout=timeout, interval=0.01)
+    finally:
+        _stop(c, thread)
+    (dead,) = t.dead
+    return c, dead
+
+
 def test_an_outage_is_never_charged_and_the_messages_run_after_it(
     fake: FakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -73,12 +85,7 @@ def test_job_failures_still_count(fake: FakeClient) -> None:
     t = _Memory()
     fake.script("fail", exit_code=1, stderr="boom\n")
     t.put({"id": "bad", "command": "fail"})
-    c, thread = _start(fake, t, max_deliveries=2)
-    try:
-        wait_for("the dead letter", lambda: t.dead, timeout=10, interval=0.01)
-    finally:
-        _stop(c, thread)
-    ((mid, why),) = t.dead
+    c, (mid, why) = _dead_letter(fake, t, timeout=10)
     assert mid == "bad" and why.kind == "exit_code" and why.deliveries == 2
     assert c.stats.api_down_since is None and c.stats.uncharged == 0
 
@@ -90,12 +97,7 @@ def test_a_message_the_api_chokes_on_alone_is_counted_after_ten_outages(fake: Fa
     t = _Memory()
     fake.fail("create", pandastack.ServerError("internal error"), times=None)
     t.put({"id": "choke", "command": "echo 1"})
-    c, thread = _start(fake, t, max_deliveries=2)
-    try:
-        wait_for("the dead letter", lambda: t.dead, timeout=20, interval=0.01)
-    finally:
-        _stop(c, thread)
-    ((mid, why),) = t.dead
+    c, (mid, why) = _dead_letter(fake, t, timeout=20)
     assert mid == "choke" and why.kind == "server_error" and why.deliveries == 2
     assert t.counts["choke"] == MAX_UNCHARGED + 2 and c.stats.uncharged == MAX_UNCHARGED
 
