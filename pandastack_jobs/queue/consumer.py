@@ -222,8 +222,9 @@ class Consumer:
         self.chunk_keyless = chunk_keyless
         self.stats = Stats()
         self.ready = threading.Event()
-        """Set once the broker is connected and the loop pulls (a readiness probe, or a test that
-        must know two consumers compete before it sends)."""
+        """Set once the broker is connected and the loop's first receive returned (a readiness
+        probe, or a test that must know two consumers compete before it sends; a Kafka consumer
+        has joined its group by then)."""
         self._stop = threading.Event()
         self._stop_at: float | None = None
         self._done: queue_mod.Queue[_Work] = queue_mod.Queue()
@@ -252,7 +253,6 @@ class Consumer:
         next_extend = time.monotonic()
         try:
             self.transport.connect()  # an unreachable broker at the start is an error, not a wait
-            self.ready.set()
             while True:
                 if until is not None and not self._stop.is_set() and until(self.stats):
                     self.stop()
@@ -280,6 +280,7 @@ class Consumer:
                         receive = functools.partial(self.transport.receive, room, wait)
                         for delivery in self._broker(receive) or []:
                             self._start(delivery)
+                        self.ready.set()
                     self._launch(free)
                 else:
                     self._wait_done(0.2)
