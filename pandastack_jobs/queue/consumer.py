@@ -253,6 +253,7 @@ class Consumer:
         next_extend = time.monotonic()
         try:
             self.transport.connect()  # an unreachable broker at the start is an error, not a wait
+            self.stats.last_activity = time.monotonic()  # a batch's idle time starts now, not at the connect
             while True:
                 if until is not None and not self._stop.is_set() and until(self.stats):
                     self.stop()
