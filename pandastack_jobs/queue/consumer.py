@@ -258,8 +258,9 @@ class Consumer:
         self.observer = Observer()
         """Told what happens, for metrics (pandastack_jobs/queue/metrics.py); the default does nothing."""
         self.ready = threading.Event()
-        """Set once the broker is connected and the loop pulls (a readiness probe, or a test that
-        must know two consumers compete before it sends)."""
+        """Set once the broker is connected and the loop's first receive returned (a readiness
+        probe, or a test that must know two consumers compete before it sends; a Kafka consumer
+        has joined its group by then)."""
         self._stop = threading.Event()
         self._stop_at: float | None = None
         self._done: queue_mod.Queue[_Work] = queue_mod.Queue()
@@ -293,7 +294,7 @@ class Consumer:
         next_extend = time.monotonic()
         try:
             self.transport.connect()  # an unreachable broker at the start is an error, not a wait
-            self.ready.set()
+            self.stats.last_activity = time.monotonic()  # a batch's idle time starts now, not at the connect
             while True:
                 if until is not None and not self._stop.is_set() and until(self.stats):
                     self.stop()
@@ -327,6 +328,7 @@ class Consumer:
                         wait = 0.0 if self._pending else 0.2 if self._running else self.poll_seconds
                         for delivery in self._receive(room, wait):
                             self._start(delivery)
+                        self.ready.set()
                     self._launch(free)
                 else:
                     self._wait_done(0.2)

@@ -59,6 +59,7 @@ _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the modul
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
+_JOIN_SECONDS = 10.0  # how long the first receive waits for the group's first assignment
 # A commit that fails with these means the partition is no longer ours (a rebalance).
 _FENCED = frozenset(
     {
@@ -190,6 +191,8 @@ class KafkaTransport(Transport):
         # topic's partitions are balanced over the members on their own: one group over both
         # topics may hand a newcomer all the main partitions and none of the retry ones.
         self._consumers: dict[str, Consumer] = {}
+        self._assigned: set[str] = set()  # topics whose consumer had its first assignment
+        self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._parts: dict[tuple[str, int], _Part] = {}
         self._epochs = itertools.count(1)
@@ -298,6 +301,8 @@ class KafkaTransport(Transport):
     # -- rebalances ------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:  # a first round may give a newcomer nothing yet (cooperative rebalancing)
+            self._assigned.update(t for t, c in self._consumers.items() if c is consumer)
         self._adopt(consumer, partitions)
         logger.info("kafka: assigned %s", _names(partitions))
 
@@ -330,6 +335,7 @@ class KafkaTransport(Transport):
 
     def _forget(self, tps: list[tuple[str, int]]) -> None:
         gone = set(tps)
+        self._dirty -= gone
         for tp in gone:
             self._parts.pop(tp, None)
             self._due_pauses.pop(tp, None)
@@ -353,6 +359,8 @@ class KafkaTransport(Transport):
             down, self._down = self._down, None
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {down}")
         self._resume_due()
+        if self._dirty:
+            self._commit(set(self._dirty))
         room = _PREFETCH - len(self._buffer)
         if room > 0:
             self._resume_full()
@@ -372,26 +380,27 @@ class KafkaTransport(Transport):
         self._resume_due()
         if len(self._buffer) < _PREFETCH:
             self._resume_full()
-        deadline = time.monotonic() + wait_seconds
+        start = time.monotonic()
+        deadline = start + wait_seconds
+        if self.topic not in self._assigned:
+            # The first receive waits for the group to assign partitions (a join takes a
+            # rebalance): an engine's batch must not count that time as an idle queue.
+            deadline = max(deadline, time.monotonic() + _JOIN_SECONDS)
         while True:
             out = self._hand_out(max_messages)
             left = deadline - time.monotonic()
-            if out or left <= 0:
+            if (
+                out
+                or left <= 0
+                or (self.topic in self._assigned and time.monotonic() >= start + wait_seconds)
+            ):
                 break
             self._take(
                 self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
             )
             self._resume_due()
         if out:
-            tps = {(r.topic, r.partition) for r in (d.handle for d in out)}
-            try:
-                self._commit(tps)  # the starts: a next owner counts these deliveries
-            except LeaseLost as exc:
-                # The group moved on (e.g. the broker restarted): these partitions are no
-                # longer ours to hand out; what the client still holds is taken up again.
-                logger.warning("kafka: %s; handing out nothing of it", exc)
-                self._forget(list(tps))
-                return []
+            self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})  # the starts
         return out
 
     def _take(self, msgs: list[Message]) -> None:
@@ -528,21 +537,27 @@ class KafkaTransport(Transport):
             offsets.append(TopicPartition(t, p, max(point, 0), metadata=part.metadata()))
         for topic in {tp.topic for tp in offsets}:
             mine = [tp for tp in offsets if tp.topic == topic]
+            self._dirty.update((tp.topic, tp.partition) for tp in mine)
             try:
-                for tp in self._consumers[topic].commit(offsets=mine, asynchronous=False) or []:
-                    if tp.error is not None:
-                        self._commit_failed(tp.error)
+                failed = [
+                    tp.error for tp in self._consumers[topic].commit(offsets=mine, asynchronous=False) or []
+                ]
             except KafkaException as exc:
-                self._commit_failed(exc.args[0])
-        for tp in offsets:
-            part = self._parts.get((tp.topic, tp.partition))
-            if part is not None:
-                part.committed = tp.offset
-
-    def _commit_failed(self, err: KafkaError) -> None:
-        if err.code() in _FENCED:
-            raise LeaseLost(f"commit refused: {err.str()} (a rebalance moved the partition)")
-        raise BrokerUnavailable(f"Kafka at {self._hosts}: commit failed: {err.str()}")
+                failed = [exc.args[0]]
+            errors = [e for e in failed if e is not None]
+            if errors and errors[0].code() not in _FENCED:
+                raise BrokerUnavailable(f"Kafka at {self._hosts}: commit failed: {errors[0].str()}")
+            if errors:
+                # A rebalance is under way (or the group forgot us): the settle stands here and
+                # the commit is retried on the next turn; if the partition is revoked meanwhile,
+                # its new owner starts from the last commit that went through.
+                logger.info("kafka: commit deferred: %s", errors[0].str())
+                continue
+            for tp in mine:
+                self._dirty.discard((tp.topic, tp.partition))
+                part = self._parts.get((tp.topic, tp.partition))
+                if part is not None:
+                    part.committed = tp.offset
 
     def _publish(self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]) -> None:
         """Produce one record and wait until the broker has it (before the original is settled)."""

@@ -441,9 +441,10 @@ class Kafka(Broker):
         return True
 
     def url(self, queue: str) -> str:
-        # Short group timeouts: a SIGKILLed consumer's partitions move within seconds.
+        # A group per queue (a classic group's rebalance waits for every member, whatever topic
+        # it reads); short group timeouts: a SIGKILLed consumer's partitions move within seconds.
         return (
-            f"kafka://127.0.0.1:{self.port}?topic={queue}&group=workers&partitions=2"
+            f"kafka://127.0.0.1:{self.port}?topic={queue}&group={queue}-workers&partitions=2"
             "&session.timeout.ms=3000&heartbeat.interval.ms=500"
         )
 
@@ -495,7 +496,7 @@ class Kafka(Broker):
         """The group's committed offset per partition of the topic (-1: none yet)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": "workers"})
+        c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": f"{queue}-workers"})
         try:
             tps = [TopicPartition(queue, p) for p in (0, 1)]
             return {tp.partition: max(tp.offset, -1) for tp in c.committed(tps, timeout=10)}
@@ -507,7 +508,7 @@ class Kafka(Broker):
         from confluent_kafka import Consumer, TopicPartition
 
         total = 0
-        for topic, group in ((queue, "workers"), (f"{queue}.retry", "workers.retry")):
+        for topic, group in ((queue, f"{queue}-workers"), (f"{queue}.retry", f"{queue}-workers.retry")):
             c = Consumer({"bootstrap.servers": f"127.0.0.1:{self.port}", "group.id": group})
             try:
                 meta = c.list_topics(topic, timeout=10).topics.get(topic)

@@ -177,7 +177,7 @@ def test_a_mate_cannot_hand_the_next_mate_a_result(broker: Broker, queue: str, s
     assert json.loads(dead["body"])["id"] == "p1" and dead["why"]["kind"] == "result_missing", dead
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres"], indirect=True)
+@pytest.mark.parametrize("broker", ["redis", "postgres", "kafka"], indirect=True)
 def test_a_worker_sigkilled_mid_chunk_leaves_nothing_behind(
     broker: Broker, queue: str, spawn_worker: Any, start_consumer: Any, local_server: LocalServer
 ) -> None:
