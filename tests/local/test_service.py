@@ -112,7 +112,9 @@ def test_sigkilled_server_takes_every_sandbox_along_even_mid_create() -> None:
             threads = [threading.Thread(target=create_loop, daemon=True) for _ in range(8)]
             for t in threads:
                 t.start()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 60  # creates flowing (a loaded machine may take seconds)
+            while not created and time.monotonic() < deadline:
+                time.sleep(0.05)
             proc = server._proc
             assert proc is not None
             caught = catch_a_spawn(proc.pid, 20)
