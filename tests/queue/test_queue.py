@@ -191,6 +191,27 @@ def test_two_consumers_share_the_work_each_message_once(
     assert broker.depth(queue) == 0
 
 
+@pytest.mark.parametrize("broker", ["postgres"], indirect=True)
+def test_a_postgres_receive_takes_no_more_than_asked_whatever_the_plan(
+    broker: Broker, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive of 2 leases 2 rows, whichever plan PostgreSQL picks. With the planner steered to a
+    nested-loop semi join (as it chose on its own in a loaded full run), the old ``WHERE id IN
+    (SELECT ... LIMIT 2 FOR UPDATE SKIP LOCKED)`` ran its subquery once per outer row and leased all
+    8 ready rows: one consumer took the whole queue and a second one found nothing."""
+    producer = broker.transport(queue)
+    for i in range(8):
+        producer.send(message(echo_job(), id=f"p{i}"))
+    off = ("hashjoin", "mergejoin", "hashagg", "material", "sort")
+    monkeypatch.setenv("PGOPTIONS", " ".join(f"-c enable_{name}=off" for name in off))
+    first, second = broker.transport(queue), broker.transport(queue)
+    assert len(first.receive(2, 0)) == 2
+    assert len(second.receive(2, 0)) == 2
+    assert len(first.receive(8, 0)) == 4
+    for t in (producer, first, second):
+        t.close()
+
+
 def test_sigterm_drains(broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer) -> None:
     """SIGTERM: no more pulls; the running job that fits the drain deadline finishes and is acked; the
     one that does not is cancelled and released; what was never started stays queued."""
