@@ -180,6 +180,15 @@ def test_two_consumers_share_the_work_each_message_once(
     runs.append(start_consumer(until=total, concurrency=2))
     for r in runs:
         assert r.consumer.ready.wait(30), "a consumer did not connect to the broker in 30 s"
+    if broker.name == "kafka":
+        # Ready is connected; a Kafka member pulls only once the group's rebalance gave it
+        # partitions (until then the first one owns all four and would take all eight).
+        wait_for(
+            "both consumers to own partitions",
+            lambda: all(r.consumer.transport.owned() for r in runs),
+            timeout=60,
+            interval=0.1,
+        )
     t = broker.transport(queue)
     for i in range(8):
         t.send(message(echo_job(0.5), id=f"s{i:02d}"))
