@@ -343,6 +343,11 @@ class KafkaTransport(Transport):
         self._full_paused = [tp for tp in self._full_paused if (tp.topic, tp.partition) not in gone]
         self._busy = {k: tp for k, tp in self._busy.items() if tp not in gone}
 
+    def owned(self) -> list[int]:
+        """The main topic's partitions this member holds now. A consumer is ``ready`` once
+        connected, before the group has given it any: only then does it compete for messages."""
+        return sorted(p for t, p in list(self._parts) if t == self.topic)
+
     def lost(self, delivery: Delivery) -> bool:
         ref: _Ref = delivery.handle
         part = self._parts.get((ref.topic, ref.partition))

@@ -103,20 +103,25 @@ class PostgresTransport(Transport):
             raise BrokerUnavailable(f"PostgreSQL at {_safe(self._url)}: {_first_line(exc)}") from None
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
+        # The rows are picked in a MATERIALIZED CTE, run exactly once. As ``WHERE id IN (SELECT
+        # ... LIMIT n FOR UPDATE SKIP LOCKED)`` the planner may make the subquery the inner side of
+        # a nested loop and run it again for every outer row; each run skips the rows the last one
+        # took, so one receive took every ready row past the LIMIT, and the other consumers none.
         query = sql.SQL(
-            "UPDATE {t} SET deliveries = least(greatest(deliveries, 0), 1000000) + 1,"
-            " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
-            " WHERE id IN (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
+            "WITH picked AS MATERIALIZED (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
             "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " RETURNING id, id::text, body, deliveries, lease,"
-            " extract(epoch from enqueued_at)"
+            " UPDATE {t} SET deliveries = least(greatest({t}.deliveries, 0), 1000000) + 1,"
+            " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
+            " FROM picked WHERE {t}.id = picked.id"
+            " RETURNING {t}.id, {t}.id::text, {t}.body, {t}.deliveries, {t}.lease,"
+            " extract(epoch from {t}.enqueued_at)"
         ).format(t=self._t)
         deadline = time.monotonic() + wait_seconds
         while True:
             # UPDATE ... RETURNING does not keep the subquery's order: put the oldest first again
             # (a chunk is filled in arrival order).
             rows = sorted(
-                self._exec(query, (self.lease_seconds, self.name, max_messages)), key=lambda r: r[0]
+                self._exec(query, (self.name, max_messages, self.lease_seconds)), key=lambda r: r[0]
             )
             if rows or time.monotonic() >= deadline:
                 return [

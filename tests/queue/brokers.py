@@ -423,7 +423,9 @@ class Kafka(Broker):
         java = shutil.which("java") or "java"
         jvm = [java, "-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
         jvm += ["-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{jars}/*"]
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = "-"
+        while cluster.startswith("-"):  # one in 64 would read as an option (Kafka's own ids never do)
+            cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         run(
             [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)],
             timeout=120,

@@ -180,6 +180,15 @@ def test_two_consumers_share_the_work_each_message_once(
     runs.append(start_consumer(until=total, concurrency=2))
     for r in runs:
         assert r.consumer.ready.wait(30), "a consumer did not connect to the broker in 30 s"
+    if broker.name == "kafka":
+        # Ready is connected; a Kafka member pulls only once the group's rebalance gave it
+        # partitions (until then the first one owns all four and would take all eight).
+        wait_for(
+            "both consumers to own partitions",
+            lambda: all(r.consumer.transport.owned() for r in runs),
+            timeout=60,
+            interval=0.1,
+        )
     t = broker.transport(queue)
     for i in range(8):
         t.send(message(echo_job(0.5), id=f"s{i:02d}"))
@@ -189,6 +198,27 @@ def test_two_consumers_share_the_work_each_message_once(
     assert all(r["delivery"] == 1 for r in results)
     assert all(s.acked >= 1 for s in stats), [s.acked for s in stats]
     assert broker.depth(queue) == 0
+
+
+@pytest.mark.parametrize("broker", ["postgres"], indirect=True)
+def test_a_postgres_receive_takes_no_more_than_asked_whatever_the_plan(
+    broker: Broker, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive of 2 leases 2 rows, whichever plan PostgreSQL picks. With the planner steered to a
+    nested-loop semi join (as it chose on its own in a loaded full run), the old ``WHERE id IN
+    (SELECT ... LIMIT 2 FOR UPDATE SKIP LOCKED)`` ran its subquery once per outer row and leased all
+    8 ready rows: one consumer took the whole queue and a second one found nothing."""
+    producer = broker.transport(queue)
+    for i in range(8):
+        producer.send(message(echo_job(), id=f"p{i}"))
+    off = ("hashjoin", "mergejoin", "hashagg", "material", "sort")
+    monkeypatch.setenv("PGOPTIONS", " ".join(f"-c enable_{name}=off" for name in off))
+    first, second = broker.transport(queue), broker.transport(queue)
+    assert len(first.receive(2, 0)) == 2
+    assert len(second.receive(2, 0)) == 2
+    assert len(first.receive(8, 0)) == 4
+    for t in (producer, first, second):
+        t.close()
 
 
 def test_sigterm_drains(broker: Broker, queue: str, spawn_worker: Any, local_server: LocalServer) -> None:
