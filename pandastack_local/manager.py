@@ -33,7 +33,13 @@ from pandastack_local.isolation.backend import MEMORY_FORK_FIX, MemoryForker
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_rules
 from pandastack_local.isolation.factory import make_backend
-from pandastack_local.isolation.process import MAX_SOCKET_PATH, SandboxProcess, host_descendants, stop
+from pandastack_local.isolation.process import (
+    MAX_SOCKET_PATH,
+    SandboxProcess,
+    host_descendants,
+    keep_ahead,
+    stop,
+)
 from pandastack_local.limits import fork_copy_cap
 from pandastack_local.metrics import ServerMetrics
 from pandastack_local.templates import pythonenv
@@ -125,6 +131,8 @@ class SandboxManager:
         instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.cgroups = Cgroups.detect(instance)
         self.admission = Admission(config.admission, config.memory_budget_mb, self.cgroups)
+        # False once start() finds the server could not lower its own OOM score (no floor then)
+        self.server_protected = True
         self.backend = make_backend(config.isolation, self.cgroups, instance, config.runsc)
         self.egress = EgressRelay(parse_rules(config.allow_egress))
         if self.egress and not self.backend.egress:
@@ -165,7 +173,8 @@ class SandboxManager:
         self.backend.start(self.guest_dir, list(self.templates.values()))
         log.warning("isolation: %s; %s", self.backend.describe(), self.cgroups.summary())
         log.warning("%s", self.admission.describe())
-        if not self.admission.protect_server():
+        self.server_protected = self.admission.protect_server()
+        if not self.server_protected:
             log.warning(
                 "admission: the server's oom_score_adj stays %s (lowering it needs CAP_SYS_RESOURCE): "
                 "under host memory pressure the kernel's OOM killer may pick the server",
@@ -364,8 +373,17 @@ class SandboxManager:
                 plan = await asyncio.to_thread(self.admission.relieve, occupants)
                 if plan:
                     await self._carry_out(plan, self.admission.last_total_mb or 0)
+                if not self.server_protected:  # no floor: put lowered scores back ahead
+                    await asyncio.to_thread(self._keep_ahead, occupants)
             except Exception:  # the guard must outlive any one sandbox's state
                 log.exception("memory guard: a pass failed")
+
+    def _keep_ahead(self, occupants: list[Occupant]) -> None:
+        """A server that could not lower its own OOM score set no floor for its sandboxes
+        (``process.keep_ahead``): raise what a job lowered, each pass, and say so once a pass."""
+        raised = sum(keep_ahead(o.name, self.cgroups.pids(o.name)) for o in occupants)
+        if raised:
+            log.warning("memory guard: raised %d sandbox process(es) back to oom_score_adj 800", raised)
 
     async def _carry_out(self, plan: list[Stop], total_mb: int) -> None:
         """Stop what the guard picked, and say so: one line per pass, each sandbox in its own log."""

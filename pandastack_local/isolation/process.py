@@ -82,6 +82,46 @@ JOIN_CGROUPS = 'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; u
 OOM_AHEAD = f"echo {SANDBOX_OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
 
 
+def keep_ahead(name: str, pids: list[int], floor: int = SANDBOX_OOM_SCORE_ADJ) -> int:
+    """Raise back to ``floor`` the OOM score of every process of sandbox ``name`` that lowered
+    its own (or its agent's): a server that may not lower its own score sets no floor
+    (``oom_score_adj_min`` needs CAP_SYS_RESOURCE), so without this a job can stand level with the
+    server. Each process is pinned by a ``/proc/<pid>`` descriptor and checked to be in the
+    sandbox's cgroup before the write, so a reused pid is never touched. How many were raised."""
+    raised = 0
+    for pid in pids:
+        try:
+            fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            adj = _read_at(fd, "oom_score_adj")
+            if adj is None or int(adj) >= floor or name not in (_read_at(fd, "cgroup") or ""):
+                continue
+            out = os.open("oom_score_adj", os.O_WRONLY, dir_fd=fd)
+            try:
+                os.write(out, str(floor).encode())
+                raised += 1
+            finally:
+                os.close(out)
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+    return raised
+
+
+def _read_at(fd: int, name: str) -> str | None:
+    try:
+        f = os.open(name, os.O_RDONLY, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        return os.read(f, 65536).decode(errors="replace")
+    finally:
+        os.close(f)
+
+
 def launch(
     argv: list[str],
     procs_files: list[Path],

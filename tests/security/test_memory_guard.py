@@ -237,3 +237,34 @@ def test_the_hosts_oom_killer_picks_a_sandbox_before_the_server(make_local_serve
         assert 1000 in seen.values(), seen  # the job itself, first in line
     if not GVISOR and server_adj == -900:
         assert lowered and lowered[-1] != "0", lowered
+
+
+def test_a_job_that_lowers_its_sandboxs_oom_score_is_put_back_ahead_of_the_server(
+    make_local_server, make_template
+) -> None:
+    """A server that may not lower its own score (a non-root one, or root without CAP_SYS_RESOURCE,
+    as in a default container) sets no floor for its sandboxes: a job could lower itself, a
+    daemonised holder and its agent (PID 1) to 0, level with the server and any orchestrator, and a
+    host OOM then picks the biggest of them, the server among them. The guard raises every process
+    of every sandbox back to 800 on each pass. Seen failing before (red team, root without
+    CAP_SYS_RESOURCE): the holder and the agent stayed at 0 for good."""
+    small = make_template(name="small", cpu=1, memory_mb=512, disk_mb=64)
+    server = make_local_server(template_dirs=[small], pool_size=0, memory_budget_mb=600)
+    client = server.client()
+    with client.sandboxes.create(template="small") as sb:
+        hold = "exec python3 -c 'import time; time.sleep(60)'"
+        out = sb.exec(
+            "echo 0 > /proc/1/oom_score_adj; "
+            f"(echo 0 > /proc/self/oom_score_adj; {hold}) </dev/null >/dev/null 2>&1 & "
+            "sleep 0.5; echo started"
+        )
+        assert out.stdout.strip() == "started", out
+        deadline = time.monotonic() + 5
+        while True:
+            mine = [p for p in descendants(server.pid or 0) if sb.id in _cgroups(p)]
+            seen = {p: a for p in mine if (a := _adj(p)) is not None}
+            if (seen and min(seen.values()) >= 800) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(seen) >= 2, seen  # the holder and the sandbox's own processes
+        assert min(seen.values()) >= 800, seen
