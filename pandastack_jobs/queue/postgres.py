@@ -108,21 +108,19 @@ class PostgresTransport(Transport):
             " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
             " WHERE id IN (SELECT id FROM {t} WHERE queue = %s AND visible_at <= now()"
             "  ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
-            " RETURNING id, id::text, body, deliveries, lease,"
-            " extract(epoch from enqueued_at)"
+            " RETURNING id, id::text, CASE WHEN %s::bigint IS NULL OR octet_length(body) <= %s::bigint"
+            " THEN body END, deliveries, lease, extract(epoch from enqueued_at), octet_length(body)"
         ).format(t=self._t)
+        cap = self.max_body_bytes
         deadline = time.monotonic() + wait_seconds
         while True:
             # UPDATE ... RETURNING does not keep the subquery's order: put the oldest first again
             # (a chunk is filled in arrival order).
             rows = sorted(
-                self._exec(query, (self.lease_seconds, self.name, max_messages)), key=lambda r: r[0]
+                self._exec(query, (self.lease_seconds, self.name, max_messages, cap, cap)), key=lambda r: r[0]
             )
             if rows or time.monotonic() >= deadline:
-                return [
-                    Delivery(mid, bytes(body), n, handle=(rid, lease), extra={"sent": float(at)})
-                    for rid, mid, body, n, lease, at in rows
-                ]
+                return [_delivery(row, cap) for row in rows]
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
     def ack(self, delivery: Delivery) -> None:
@@ -172,6 +170,15 @@ class PostgresTransport(Transport):
         ).format(t=self._t)
         ready, leased, delayed = self._exec(query, (self.name,))[0]
         return {"ready": int(ready), "leased": int(leased), "delayed": int(delayed)}
+
+
+def _delivery(row: tuple[Any, ...], cap: int | None) -> Delivery:
+    """A received row; a body over ``cap`` was left in the table (the dead letter copies it there)."""
+    rid, mid, body, n, lease, at, size = row
+    d = Delivery(mid, b"" if body is None else bytes(body), n, handle=(rid, lease), extra={"sent": float(at)})
+    if body is None:
+        d.malformed = ("body", f"is {size} bytes, over the {cap}-byte limit (not read)")
+    return d
 
 
 def _first_line(exc: BaseException) -> str:
