@@ -527,7 +527,9 @@ def _template_missing(client: pandastack.Client, template: str) -> bool:
         client.templates.get(template)
     except pandastack.NotFoundError:
         return True
-    except (pandastack.PandastackError, OSError):
+    except (pandastack.PandastackError, OSError, AttributeError, KeyError, TypeError, ValueError):
+        # An answer that is not a template (another route's) proves nothing either, and must not
+        # escape run_job.
         return False
     return False
 

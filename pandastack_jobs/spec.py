@@ -33,6 +33,9 @@ MAX_FILE_BYTES = 32 * 1024 * 1024  # the server's upload limit, mirrored for dow
 DEFAULT_PARENT_TTL = 3600  # a warm pool's parent: it must outlive the jobs forked from it
 TAIL_BYTES = 8 * 1024
 TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Names that are another route of the templates API (``GET /v1/templates/<name>``): its answer for
+# them is not a template's, so an unknown one could not be told from a server error.
+ROUTE_NAMES = frozenset({".", "..", "builds"})
 METADATA_VALUE_MAX = 256
 MANAGED_BY = "pandastack-workflows"
 
@@ -228,11 +231,15 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.command, str) or not self.command.strip():
             raise JobSpecError("command", "is empty", "give the shell command to run, e.g. 'python3 run.py'")
-        if not isinstance(self.template, str) or not TEMPLATE_NAME.match(self.template):
+        if (
+            not isinstance(self.template, str)
+            or not TEMPLATE_NAME.match(self.template)
+            or self.template in ROUTE_NAMES
+        ):
             raise JobSpecError(
                 "template",
                 f"{self.template!r} is not a valid template name",
-                "use 1-64 characters from A-Z a-z 0-9 . _ -, e.g. 'code-interpreter'",
+                "use 1-64 characters from A-Z a-z 0-9 . _ - (not ., .. or builds), e.g. 'code-interpreter'",
             )
         if (
             not isinstance(self.timeout, (int, float))

@@ -240,6 +240,7 @@ class Consumer:
         if max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
         self.transport = transport
+        transport.max_body_bytes = max_message_bytes  # bounded before it is read, where it can be
         self.connection = connection or ConnectionConfig()
         self.sink = sink or reply_sink(transport)
         self.concurrency = concurrency

@@ -113,21 +113,21 @@ class PostgresTransport(Transport):
             " UPDATE {t} SET deliveries = least(greatest({t}.deliveries, 0), 1000000) + 1,"
             " lease = gen_random_uuid(), visible_at = now() + make_interval(secs => %s)"
             " FROM picked WHERE {t}.id = picked.id"
-            " RETURNING {t}.id, {t}.id::text, {t}.body, {t}.deliveries, {t}.lease,"
-            " extract(epoch from {t}.enqueued_at)"
+            " RETURNING {t}.id, {t}.id::text,"
+            " CASE WHEN %s::bigint IS NULL OR octet_length({t}.body) <= %s::bigint THEN {t}.body END,"
+            " {t}.deliveries, {t}.lease, extract(epoch from {t}.enqueued_at), octet_length({t}.body)"
         ).format(t=self._t)
+        cap = self.max_body_bytes
         deadline = time.monotonic() + wait_seconds
         while True:
             # UPDATE ... RETURNING does not keep the subquery's order: put the oldest first again
             # (a chunk is filled in arrival order).
             rows = sorted(
-                self._exec(query, (self.name, max_messages, self.lease_seconds)), key=lambda r: r[0]
+                self._exec(query, (self.name, max_messages, self.lease_seconds, cap, cap)),
+                key=lambda r: r[0],
             )
             if rows or time.monotonic() >= deadline:
-                return [
-                    Delivery(mid, bytes(body), n, handle=(rid, lease), extra={"sent": float(at)})
-                    for rid, mid, body, n, lease, at in rows
-                ]
+                return [_delivery(row, cap) for row in rows]
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
     def ack(self, delivery: Delivery) -> None:
@@ -177,6 +177,15 @@ class PostgresTransport(Transport):
         ).format(t=self._t)
         ready, leased, delayed = self._exec(query, (self.name,))[0]
         return {"ready": int(ready), "leased": int(leased), "delayed": int(delayed)}
+
+
+def _delivery(row: tuple[Any, ...], cap: int | None) -> Delivery:
+    """A received row; a body over ``cap`` was left in the table (the dead letter copies it there)."""
+    rid, mid, body, n, lease, at, size = row
+    d = Delivery(mid, b"" if body is None else bytes(body), n, handle=(rid, lease), extra={"sent": float(at)})
+    if body is None:
+        d.malformed = ("body", f"is {size} bytes, over the {cap}-byte limit (not read)")
+    return d
 
 
 def _first_line(exc: BaseException) -> str:

@@ -76,6 +76,10 @@ class Transport(ABC):
     # What else, beside ``name``, a broker id is unique within (PostgreSQL: the table, whose row
     # ids restart in every table; Redis: the database): part of every job key.
     key_scope: str = ""
+    # The largest body a receive reads into memory (the consumer sets its ``max_message_bytes``);
+    # a transport that can tell a body's size before reading it hands out a larger one empty and
+    # malformed (field ``body``), so the bound holds before the bytes reach the consumer. None: any.
+    max_body_bytes: int | None = None
 
     @abstractmethod
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:

@@ -235,3 +235,26 @@ def test_row_ids_of_two_tables_are_two_messages(
     assert victim["broker_id"] == other["broker_id"] == "1"  # the same row id in each table
     assert victim["result"] == {"v": "genuine", "delivery": 1}, victim  # never reaped
     assert other["result"] == {"v": "other table", "delivery": 2}, other
+
+
+@pytest.mark.parametrize("broker", ["postgres"], indirect=True)
+def test_an_oversized_row_is_refused_without_reading_its_body(broker: Broker, queue: str) -> None:
+    """Red team (issue 33): the body bound (``max_message_bytes``) was applied after the receive had
+    read the whole row: a producer's 30 MB row cost the consumer 180 MB of memory, and a bytea may
+    be 1 GB. The receive now leaves a body over the transport's bound in the table, hands out its
+    size and marks it malformed (field ``body``); the dead letter still keeps the whole body.
+    Seen failing before: the delivery carried all 4 MiB."""
+    t = broker.transport(queue)
+    t.max_body_bytes = 1 << 20
+    t.send(b"x" * (4 << 20))
+    t.send(_msg("true", id="small"))
+    got = {d.body == b"": d for d in t.receive(10, 5)}
+    big, small = got[True], got[False]
+    assert big.malformed is not None and big.malformed[0] == "body", big.malformed
+    assert "4194304 bytes" in big.malformed[1] and "1048576" in big.malformed[1]
+    assert small.malformed is None and json.loads(small.body)["id"] == "small"
+    from pandastack_jobs.queue import DeadLetter
+
+    t.dead_letter(big, DeadLetter(f"body: {big.malformed[1]}", "malformed", "body", 1))
+    (dead,) = broker.dead(queue)
+    assert len(dead["body"]) == 4 << 20 and dead["why"]["field"] == "body"

@@ -161,3 +161,15 @@ def test_the_key_scope_separates_one_row_id_in_two_tables() -> None:
     job = parse(_body(command="true"), "5")
     a, b = job.spec("jobs", 2, "table=a"), job.spec("jobs", 2, "table=b")
     assert a.key is not None and b.key is not None and a.key.job_id != b.key.job_id
+
+
+@pytest.mark.parametrize("template", [".", "..", "builds"])
+def test_a_template_name_that_is_another_route_of_the_templates_api_is_malformed(template: str) -> None:
+    """Red team (issue 33): ``GET /v1/templates/<name>`` for these is not a template's answer (the
+    list for ``.``, a 501 or the builds list for ``builds``), so a create's 5xx for them was never
+    found to be an unknown template: ``.`` made run_job raise AttributeError (dead-lettered
+    ``consumer_error``), ``builds`` was taken for a platform 5xx (uncharged, and pulling paused
+    for every tenant, 10 times per message). Refused at parse, naming the field."""
+    with pytest.raises(MessageError) as err:
+        parse(_body(command="true", options={"template": template}), "1-0")
+    assert err.value.field == "options.template"
