@@ -27,5 +27,6 @@ def test_serve_without_the_extra_names_the_extra(missing: str) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert missing in proc.stderr
-    assert "pip install 'pandastack-workflows[local]'" in proc.stderr
+    # The install line that works: from a clone or the wheel (the distribution is not on the index).
+    assert "pip install '.[local]'" in proc.stderr and "not on the package index" in proc.stderr
     assert "Traceback" not in proc.stderr
