@@ -18,15 +18,7 @@ from pandastack_jobs.queue import Consumer, batch_done, open_transport
 from pandastack_jobs.queue.cli import main as jobs_cli
 from pandastack_local import LocalServer
 from tests.queue.brokers import Redis, run_dir
-from tests.support.otel import all_text, children, exporter, named
-
-STEPS = [
-    "pandastack.create",
-    "pandastack.deliver",
-    "pandastack.exec",
-    "pandastack.collect",
-    "pandastack.delete",
-]
+from tests.support.otel import STEPS, all_text, children, exporter, named
 
 
 @pytest.fixture(scope="module")
