@@ -19,7 +19,7 @@ import pandastack_celery  # noqa: F401 - AsyncResult.get() rebuilds its SandboxJ
 from e2e.procs import ProcessGroup
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker, RabbitMQ, Redis, run_dir
+from tests.queue.brokers import Broker, RabbitMQ, Redis, broker_processes
 
 REPO = Path(__file__).resolve().parents[2]
 VISIBILITY = 10.0  # seconds before Redis gives a dead worker's unacked message to another
@@ -34,9 +34,8 @@ class ResultRedis(Redis):
 
 @pytest.fixture(scope="session")
 def celery_group() -> Iterator[ProcessGroup]:
-    group = ProcessGroup(run_dir())
-    yield group
-    group.stop_all()
+    with broker_processes() as group:
+        yield group
 
 
 @pytest.fixture(scope="session")

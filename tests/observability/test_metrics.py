@@ -22,11 +22,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.procs import ProcessGroup, free_port
+from e2e.procs import free_port
 from pandastack_jobs import JobSpec, run_job
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Redis, run_dir
+from tests.queue.brokers import Redis
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
@@ -54,15 +54,6 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 def server() -> Iterator[LocalServer]:
     with LocalServer(pool_size=0, max_sandboxes=2) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def redis_broker() -> Iterator[Redis]:
-    group = ProcessGroup(run_dir())
-    try:
-        yield Redis(group)
-    finally:
-        group.stop_all()
 
 
 class Consumer:

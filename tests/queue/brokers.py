@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -548,3 +550,15 @@ def run_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="brokers-", dir=base))
     path.chmod(0o755)  # the brokers run as their own users (postgres, rabbitmq)
     return path
+
+
+@contextmanager
+def broker_processes() -> Iterator[ProcessGroup]:
+    """A :class:`ProcessGroup` in a fresh :func:`run_dir`; every process it started is stopped on
+    the way out, whatever happened (the fixtures of tests/queue, tests/celery_tasks and
+    tests/observability start their brokers in one)."""
+    group = ProcessGroup(run_dir())
+    try:
+        yield group
+    finally:
+        group.stop_all()

@@ -22,7 +22,7 @@ from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, Stats
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import AWS_ENV, KINDS, Broker, run_dir
+from tests.queue.brokers import AWS_ENV, KINDS, Broker, broker_processes
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSPORTS = list(KINDS)
@@ -36,9 +36,8 @@ os.environ.setdefault("PANDASTACK_QUEUE_SECRET", f"test-{uuid.uuid4().hex}")
 
 @pytest.fixture(scope="session")
 def broker_group() -> Iterator[ProcessGroup]:
-    group = ProcessGroup(run_dir())
-    yield group
-    group.stop_all()
+    with broker_processes() as group:
+        yield group
 
 
 @pytest.fixture(scope="session")
