@@ -562,3 +562,25 @@ def broker_processes() -> Iterator[ProcessGroup]:
         yield group
     finally:
         group.stop_all()
+
+
+class LazyBrokers:
+    """The brokers of one pytest session, each started once, when a test first asks for it, in one
+    :class:`ProcessGroup` (``group``: the tests start their workers in it too)."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+        self.started: dict[str, Broker] = {}
+
+    def get(self, kind: str, cls: type[Broker] | None = None) -> Broker:
+        """The broker ``kind`` (of ``cls``, else :data:`KINDS`'s class), started on first use."""
+        if kind not in self.started:
+            self.started[kind] = (cls or KINDS[kind])(self.group)
+        return self.started[kind]
+
+
+@contextmanager
+def lazy_brokers() -> Iterator[LazyBrokers]:
+    """:class:`LazyBrokers` in :func:`broker_processes`: all of them stopped on the way out."""
+    with broker_processes() as group:
+        yield LazyBrokers(group)
