@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.procs import free_port
 from pandastack_jobs import JobSpec, run_job
 from pandastack_local import LocalServer
+from pandastack_local.testing.procs import stop_group
 from pandastack_local.testing.waiting import wait_for
 from tests.queue.brokers import Redis
 
@@ -77,13 +78,7 @@ class Consumer:
         self.url = found.group(1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_group(self.proc, 30)
 
 
 @pytest.fixture(scope="module")
