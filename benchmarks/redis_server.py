@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from pandastack_local.testing.procs import stop_group
 
 
 def _free_port() -> int:
@@ -77,13 +78,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0?stream={stream}&group=bench"
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_group(self.proc, 10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pandastack_jobs import FailureClass, FailureKind, JobOutcome
-from pandastack_jobs.outcome import Verdict
+from pandastack_jobs import JobOutcome
+from pandastack_jobs.outcome import SummaryVerdict
 
 
 class PandaStackCeleryError(Exception):
@@ -22,7 +22,7 @@ class SandboxTaskConfigError(PandaStackCeleryError, ValueError):
     setting and the fix."""
 
 
-class SandboxJobFailed(PandaStackCeleryError, Verdict):
+class SandboxJobFailed(PandaStackCeleryError, SummaryVerdict):
     """A sandbox job failed. ``redeliver`` says whether a retry in a fresh sandbox may help."""
 
     def __init__(self, message: str, summary: Optional[dict[str, Any]] = None) -> None:
@@ -35,28 +35,4 @@ class SandboxJobFailed(PandaStackCeleryError, Verdict):
 
     @classmethod
     def from_outcome(cls, outcome: JobOutcome, why: str = "") -> SandboxJobFailed:
-        kind = outcome.kind.value if outcome.kind else "unknown"
-        klass = outcome.failure_class.value if outcome.failure_class else "unknown"
-        message = f"sandbox job failed [{kind}, {klass.replace('_', '-')}]: {why or outcome.reason}"
-        return cls(message, outcome.summary())
-
-    @property
-    def kind(self) -> Optional[FailureKind]:
-        value = self.summary.get("kind")
-        return FailureKind(value) if value else None
-
-    @property
-    def failure_class(self) -> Optional[FailureClass]:
-        value = self.summary.get("class")
-        return FailureClass(value) if value else None
-
-    @property
-    def retry_after(self) -> Optional[float]:
-        """The server's capacity ``Retry-After`` in seconds, when the job was refused for capacity."""
-        value = self.summary.get("retry_after")
-        return float(value) if value is not None else None
-
-    @property
-    def exit_code(self) -> Optional[int]:
-        value = self.summary.get("exit_code")
-        return int(value) if value is not None else None
+        return cls(cls.failure_message(outcome, why), outcome.summary())

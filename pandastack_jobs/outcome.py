@@ -70,6 +70,42 @@ class Verdict:
         return self.failure_class is FailureClass.DEAD_LETTER
 
 
+class SummaryVerdict(Verdict):
+    """The outcome's fields read back from its JSON-safe :meth:`JobOutcome.summary`: the base of
+    the engines' ``SandboxJobFailed`` (prefect_blocks, pandastack_celery), which carry only the
+    summary so that their engines can store and rebuild them."""
+
+    summary: dict[str, Any]
+
+    @staticmethod
+    def failure_message(outcome: JobOutcome, why: str = "") -> str:
+        """``sandbox job failed [kind, class]: reason`` (``why``, when given, for the reason)."""
+        kind = outcome.kind.value if outcome.kind else "unknown"
+        klass = outcome.failure_class.value if outcome.failure_class else "unknown"
+        return f"sandbox job failed [{kind}, {klass.replace('_', '-')}]: {why or outcome.reason}"
+
+    @property
+    def kind(self) -> FailureKind | None:
+        value = self.summary.get("kind")
+        return FailureKind(value) if value else None
+
+    @property
+    def failure_class(self) -> FailureClass | None:
+        value = self.summary.get("class")
+        return FailureClass(value) if value else None
+
+    @property
+    def retry_after(self) -> float | None:
+        """The server's capacity ``Retry-After`` in seconds, when the job was refused for capacity."""
+        value = self.summary.get("retry_after")
+        return float(value) if value is not None else None
+
+    @property
+    def exit_code(self) -> int | None:
+        value = self.summary.get("exit_code")
+        return int(value) if value is not None else None
+
+
 @dataclass(frozen=True)
 class JobOutcome(Verdict):
     """The whole story of one job. ``result`` is parsed JSON only; ``files`` are raw bytes.

@@ -1,4 +1,5 @@
-# Sourced by e2e/run.sh and tests/queue/run.sh: the end of a run that started servers and brokers.
+# Sourced by e2e/run.sh, tests/queue/run.sh and tests/celery_tasks/run.sh: the end of a run that
+# started servers and brokers.
 # Their fixtures note each process group they start ("PGID NAME" lines in a pgids file) and each
 # port they listen on ($RUN_DIR/ports); every process they start carries E2E_RUN_DIR=$RUN_DIR.
 
@@ -41,4 +42,31 @@ PY
     echo "$label: FAIL: processes or listening ports left behind"
     return 1
   fi
+}
+
+# open_run_dir LABEL PYTHON WHAT: a fresh RUN_DIR (/tmp/pandastack-LABEL-without-test-.XXXXXX, mode
+# 755: the brokers run as their own users) exported as E2E_RUN_DIR and QUEUE_RUN_DIR for the
+# fixtures, and an EXIT/INT/TERM trap that reaps it with reap_run_dir over every */pgids in it,
+# removes it when nothing was left (else fails the run), and says the wall time since $START.
+# WHAT says what the directory holds.
+open_run_dir() {
+  RUN_LABEL=$1 RUN_PYTHON=$2
+  RUN_DIR=$(mktemp -d "/tmp/pandastack-${1#test-}.XXXXXX")
+  chmod 755 "$RUN_DIR"
+  export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
+  echo "$1: run directory ($3) $RUN_DIR"
+  trap close_run_dir EXIT INT TERM
+}
+
+close_run_dir() {
+  local rc=$?
+  trap - EXIT INT TERM
+  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
+  if reap_run_dir "$RUN_LABEL" "$RUN_PYTHON" "$RUN_DIR" "$RUN_DIR/all-pgids" 1; then
+    rm -rf "$RUN_DIR"
+  elif [ "$rc" = 0 ]; then
+    rc=1
+  fi
+  echo "$RUN_LABEL: wall time $(($(date +%s) - START))s, exit $rc"
+  exit "$rc"
 }

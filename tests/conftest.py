@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -20,11 +20,24 @@ import pytest
 from pandastack_local import LocalServer
 from tests.support.server import fail_on_leftovers
 
+if TYPE_CHECKING:
+    from tests.queue.brokers import LazyBrokers
+
 
 @pytest.fixture(scope="session")
 def local_server() -> Iterator[LocalServer]:
     with LocalServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def brokers() -> Iterator[LazyBrokers]:
+    """The session's real brokers (tests/queue and tests/celery_tasks), each started when a test
+    first asks for it, all stopped at the end."""
+    from tests.queue.brokers import lazy_brokers  # only the sessions that start a broker import it
+
+    with lazy_brokers() as started:
+        yield started
 
 
 @pytest.fixture

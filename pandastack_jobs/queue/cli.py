@@ -67,30 +67,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="a template messages may name (repeat; default: any); --template is always allowed",
     )
-    c.add_argument(
-        "--lease",
-        type=float,
-        default=D.lease_seconds,
-        help=f"visibility/claim timeout, s (default {D.lease_seconds:g})",
-    )
-    c.add_argument(
-        "--max-deliveries",
-        type=int,
-        default=D.max_deliveries,
-        help=f"dead-letter after this many (default {D.max_deliveries})",
-    )
-    c.add_argument(
-        "--release-delay",
-        type=float,
-        default=D.release_delay,
-        help=f"least redelivery delay, s (default {D.release_delay:g})",
-    )
-    c.add_argument(
-        "--drain",
-        type=float,
-        default=D.drain_seconds,
-        help=f"SIGTERM: seconds to let jobs finish (default {D.drain_seconds:g})",
-    )
+    # The consumer's settings whose help ends with their default (ConsumerSettings').
+    tunables: list[tuple[str, type, float, str]] = [
+        ("--lease", float, D.lease_seconds, "visibility/claim timeout, s"),
+        ("--max-deliveries", int, D.max_deliveries, "dead-letter after this many"),
+        ("--release-delay", float, D.release_delay, "least redelivery delay, s"),
+        ("--drain", float, D.drain_seconds, "SIGTERM: seconds to let jobs finish"),
+    ]
+    for flag, kind, default, text in tunables:
+        c.add_argument(flag, type=kind, default=default, help=f"{text} (default {default:g})")
     c.add_argument(
         "--max-message-bytes", type=int, default=1024 * 1024, help="larger messages are dead-lettered"
     )

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pandastack_local.isolation.process import host_descendants as descendants
 
@@ -22,8 +25,21 @@ __all__ = [
     "rss_and_fds",
     "rss_kb",
     "starttime",
+    "stop_group",
     "tree_rss_kb",
 ]
+
+
+def stop_group(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGTERM the process group ``proc`` leads (it was started with ``start_new_session=True``),
+    and SIGKILL it when ``proc`` has not exited ``grace`` seconds later; nothing if it has exited."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def pids() -> Iterator[int]:

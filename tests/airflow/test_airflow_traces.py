@@ -11,16 +11,9 @@ from opentelemetry import trace
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
 from tests.support.dagtest import run_dag, task_instances
-from tests.support.otel import all_text, children, exporter, named
+from tests.support.otel import STEPS, all_text, children, exporter, named
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
-STEPS = [
-    "pandastack.create",
-    "pandastack.deliver",
-    "pandastack.exec",
-    "pandastack.collect",
-    "pandastack.delete",
-]
 
 
 def test_an_airflow_task_job_is_a_span_tree_under_the_current_span(airflow_env, local_server) -> None:

@@ -19,7 +19,7 @@ import pandastack_celery  # noqa: F401 - AsyncResult.get() rebuilds its SandboxJ
 from e2e.procs import ProcessGroup
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker, RabbitMQ, Redis, run_dir
+from tests.queue.brokers import Broker, LazyBrokers, RabbitMQ, Redis
 
 REPO = Path(__file__).resolve().parents[2]
 VISIBILITY = 10.0  # seconds before Redis gives a dead worker's unacked message to another
@@ -32,32 +32,17 @@ class ResultRedis(Redis):
     name = "redis-results"
 
 
-@pytest.fixture(scope="session")
-def celery_group() -> Iterator[ProcessGroup]:
-    group = ProcessGroup(run_dir())
-    yield group
-    group.stop_all()
-
-
-@pytest.fixture(scope="session")
-def _started(celery_group: ProcessGroup) -> dict[str, Broker]:
-    return {}
-
-
-def _get(started: dict[str, Broker], group: ProcessGroup, kind: str) -> Broker:
-    if kind not in started:
-        started[kind] = {"redis": Redis, "rabbitmq": RabbitMQ, "results": ResultRedis}[kind](group)
-    return started[kind]
+KINDS: dict[str, type[Broker]] = {"redis": Redis, "rabbitmq": RabbitMQ, "results": ResultRedis}
 
 
 @pytest.fixture(params=BROKERS)
-def broker(request: pytest.FixtureRequest, _started: dict[str, Broker], celery_group: ProcessGroup) -> Broker:
-    return _get(_started, celery_group, request.param)
+def broker(request: pytest.FixtureRequest, brokers: LazyBrokers) -> Broker:
+    return brokers.get(request.param, KINDS[request.param])
 
 
 @pytest.fixture
-def redis_broker(_started: dict[str, Broker], celery_group: ProcessGroup) -> Broker:
-    return _get(_started, celery_group, "redis")
+def redis_broker(brokers: LazyBrokers) -> Broker:
+    return brokers.get("redis", Redis)
 
 
 def broker_url(broker: Broker) -> str:
@@ -173,31 +158,30 @@ class Celeryland:
 
 
 @pytest.fixture
-def celeryland(
-    broker: Broker,
-    _started: dict[str, Broker],
-    celery_group: ProcessGroup,
-    local_server: LocalServer,
-    tmp_path: Path,
-) -> Iterator[Celeryland]:
-    land = Celeryland(celery_group, broker, _get(_started, celery_group, "results"), local_server, tmp_path)
-    yield land
-    land.close()
+def make_land(
+    brokers: LazyBrokers, local_server: LocalServer, tmp_path: Path
+) -> Iterator[Callable[[Broker], Celeryland]]:
+    """Makes the test's :class:`Celeryland` on a broker; closes it at the end of the test."""
+    lands: list[Celeryland] = []
+
+    def make(broker: Broker) -> Celeryland:
+        results = brokers.get("results", ResultRedis)
+        lands.append(Celeryland(brokers.group, broker, results, local_server, tmp_path))
+        return lands[-1]
+
+    yield make
+    for land in lands:
+        land.close()
 
 
 @pytest.fixture
-def redisland(
-    redis_broker: Broker,
-    _started: dict[str, Broker],
-    celery_group: ProcessGroup,
-    local_server: LocalServer,
-    tmp_path: Path,
-) -> Iterator[Celeryland]:
-    land = Celeryland(
-        celery_group, redis_broker, _get(_started, celery_group, "results"), local_server, tmp_path
-    )
-    yield land
-    land.close()
+def celeryland(broker: Broker, make_land: Callable[[Broker], Celeryland]) -> Celeryland:
+    return make_land(broker)
+
+
+@pytest.fixture
+def redisland(redis_broker: Broker, make_land: Callable[[Broker], Celeryland]) -> Celeryland:
+    return make_land(redis_broker)
 
 
 def wait_started(land: Celeryland, task_id: str, timeout: float = 60) -> Callable[[], Any]:

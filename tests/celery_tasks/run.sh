@@ -21,25 +21,9 @@ if ((${#need_apt[@]})); then
   apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-RUN_DIR=$(mktemp -d /tmp/pandastack-celery.XXXXXX)
-chmod 755 "$RUN_DIR"
-export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
-echo "test-celery: run directory (broker and worker logs) $RUN_DIR"
-
 # shellcheck source=../../scripts/run-dir.sh
 . "$REPO/scripts/run-dir.sh"
-cleanup() {
-  rc=$?
-  trap - EXIT INT TERM
-  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
-  if reap_run_dir test-celery "$CE/bin/python" "$RUN_DIR" "$RUN_DIR/all-pgids" 1; then
-    rm -rf "$RUN_DIR"
-  elif [ "$rc" = 0 ]; then
-    rc=1
-  fi
-  echo "test-celery: wall time $(( $(date +%s) - START ))s, exit $rc"
-  exit "$rc"
-}
-trap cleanup EXIT INT TERM
+# RUN_DIR, reaped and checked on the way out whatever happened.
+open_run_dir test-celery "$CE/bin/python" "broker and worker logs"
 
 "$CE/bin/python" -m pytest -p no:cacheprovider -q -rfE tests/celery_tasks "$@"

@@ -22,11 +22,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.procs import ProcessGroup, free_port
+from e2e.procs import free_port
 from pandastack_jobs import JobSpec, run_job
 from pandastack_local import LocalServer
+from pandastack_local.testing.procs import stop_group
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Redis, run_dir
+from tests.queue.brokers import Redis
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
@@ -56,15 +57,6 @@ def server() -> Iterator[LocalServer]:
         yield s
 
 
-@pytest.fixture(scope="module")
-def redis_broker() -> Iterator[Redis]:
-    group = ProcessGroup(run_dir())
-    try:
-        yield Redis(group)
-    finally:
-        group.stop_all()
-
-
 class Consumer:
     """``pandastack-jobs consume --metrics-port 0`` as a real subprocess; ``url`` is its metrics."""
 
@@ -86,13 +78,7 @@ class Consumer:
         self.url = found.group(1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_group(self.proc, 30)
 
 
 @pytest.fixture(scope="module")

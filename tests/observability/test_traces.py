@@ -7,35 +7,16 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
 
-from e2e.procs import ProcessGroup
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, batch_done, open_transport
 from pandastack_jobs.queue.cli import main as jobs_cli
 from pandastack_local import LocalServer
-from tests.queue.brokers import Redis, run_dir
-from tests.support.otel import all_text, children, exporter, named
-
-STEPS = [
-    "pandastack.create",
-    "pandastack.deliver",
-    "pandastack.exec",
-    "pandastack.collect",
-    "pandastack.delete",
-]
-
-
-@pytest.fixture(scope="module")
-def redis_broker() -> Iterator[Redis]:
-    group = ProcessGroup(run_dir())
-    try:
-        yield Redis(group)
-    finally:
-        group.stop_all()
+from tests.queue.brokers import Redis
+from tests.support.otel import STEPS, all_text, children, exporter, named
 
 
 def consume(server: LocalServer, url: str, n: int) -> None:

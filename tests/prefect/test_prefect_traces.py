@@ -7,15 +7,7 @@ from __future__ import annotations
 from prefect import flow
 
 from prefect_blocks import run_in_sandbox
-from tests.support.otel import all_text, children, exporter, named
-
-STEPS = [
-    "pandastack.create",
-    "pandastack.deliver",
-    "pandastack.exec",
-    "pandastack.collect",
-    "pandastack.delete",
-]
+from tests.support.otel import STEPS, all_text, children, exporter, named
 
 
 def test_the_job_span_is_a_child_of_prefects_task_run_span(credentials, local_server) -> None:

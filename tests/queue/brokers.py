@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -550,3 +552,37 @@ def run_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="brokers-", dir=base))
     path.chmod(0o755)  # the brokers run as their own users (postgres, rabbitmq)
     return path
+
+
+@contextmanager
+def broker_processes() -> Iterator[ProcessGroup]:
+    """A :class:`ProcessGroup` in a fresh :func:`run_dir`; every process it started is stopped on
+    the way out, whatever happened (the fixtures of tests/queue, tests/celery_tasks and
+    tests/observability start their brokers in one)."""
+    group = ProcessGroup(run_dir())
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+class LazyBrokers:
+    """The brokers of one pytest session, each started once, when a test first asks for it, in one
+    :class:`ProcessGroup` (``group``: the tests start their workers in it too)."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+        self.started: dict[str, Broker] = {}
+
+    def get(self, kind: str, cls: type[Broker] | None = None) -> Broker:
+        """The broker ``kind`` (of ``cls``, else :data:`KINDS`'s class), started on first use."""
+        if kind not in self.started:
+            self.started[kind] = (cls or KINDS[kind])(self.group)
+        return self.started[kind]
+
+
+@contextmanager
+def lazy_brokers() -> Iterator[LazyBrokers]:
+    """:class:`LazyBrokers` in :func:`broker_processes`: all of them stopped on the way out."""
+    with broker_processes() as group:
+        yield LazyBrokers(group)

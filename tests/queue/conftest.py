@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from e2e.procs import ProcessGroup
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, Stats
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import AWS_ENV, KINDS, Broker, run_dir
+from tests.queue.brokers import AWS_ENV, KINDS, Broker, LazyBrokers
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSPORTS = list(KINDS)
@@ -34,24 +33,9 @@ LEASE = 2.0
 os.environ.setdefault("PANDASTACK_QUEUE_SECRET", f"test-{uuid.uuid4().hex}")
 
 
-@pytest.fixture(scope="session")
-def broker_group() -> Iterator[ProcessGroup]:
-    group = ProcessGroup(run_dir())
-    yield group
-    group.stop_all()
-
-
-@pytest.fixture(scope="session")
-def _brokers(broker_group: ProcessGroup) -> dict[str, Broker]:
-    return {}
-
-
 @pytest.fixture(params=TRANSPORTS)
-def broker(request: pytest.FixtureRequest, _brokers: dict[str, Broker], broker_group: ProcessGroup) -> Broker:
-    kind = request.param
-    if kind not in _brokers:
-        _brokers[kind] = KINDS[kind](broker_group)
-    return _brokers[kind]
+def broker(request: pytest.FixtureRequest, brokers: LazyBrokers) -> Broker:
+    return brokers.get(request.param)
 
 
 @pytest.fixture

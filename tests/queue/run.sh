@@ -38,26 +38,10 @@ kafka_start=$(date +%s)
 tests/queue/kafka/jars.sh >/dev/null
 echo "test-queue: Kafka's jars ready in $(( $(date +%s) - kafka_start ))s"
 
-RUN_DIR=$(mktemp -d /tmp/pandastack-queue.XXXXXX)
-chmod 755 "$RUN_DIR"
-export E2E_RUN_DIR=$RUN_DIR QUEUE_RUN_DIR=$RUN_DIR
-echo "test-queue: run directory (broker logs and data) $RUN_DIR"
-
 # shellcheck source=../../scripts/run-dir.sh
 . "$REPO/scripts/run-dir.sh"
-cleanup() {
-  rc=$?
-  trap - EXIT INT TERM
-  cat "$RUN_DIR"/*/pgids 2>/dev/null >"$RUN_DIR/all-pgids" || true
-  if reap_run_dir test-queue "$AF/bin/python" "$RUN_DIR" "$RUN_DIR/all-pgids" 1; then
-    rm -rf "$RUN_DIR"
-  elif [ "$rc" = 0 ]; then
-    rc=1
-  fi
-  echo "test-queue: wall time $(( $(date +%s) - START ))s, exit $rc"
-  exit "$rc"
-}
-trap cleanup EXIT INT TERM
+# RUN_DIR, reaped and checked on the way out whatever happened.
+open_run_dir test-queue "$AF/bin/python" "broker logs and data"
 
 # The core and the Airflow operator in the Airflow venv, the Prefect flow in the Prefect venv
 # (each pytest process starts its own brokers), side by side.

@@ -12,23 +12,20 @@ from typing import Any
 
 import pytest
 
-from e2e.procs import ProcessGroup
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, open_transport
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker, Kafka
+from tests.queue.brokers import Broker, Kafka, LazyBrokers
 from tests.queue.conftest import DEFAULTS, Running, echo_job, live_sandboxes, message, wait_results
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
-def broker(_brokers: dict[str, Broker], broker_group: ProcessGroup) -> Broker:
+def broker(brokers: LazyBrokers) -> Broker:
     """The Kafka broker only (the conftest's fixture runs every broker)."""
-    if "kafka" not in _brokers:
-        _brokers["kafka"] = Kafka(broker_group)
-    return _brokers["kafka"]
+    return brokers.get("kafka", Kafka)
 
 
 def _by_id(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

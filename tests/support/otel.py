@@ -13,6 +13,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 _EXPORTER: InMemorySpanExporter | None = None
 
+# The lifecycle's step spans under one job's span, in start order (pandastack_jobs/tracing.py).
+STEPS = [
+    "pandastack.create",
+    "pandastack.deliver",
+    "pandastack.exec",
+    "pandastack.collect",
+    "pandastack.delete",
+]
+
 
 def exporter() -> InMemorySpanExporter:
     """The process's in-memory exporter, cleared (installing the SDK provider on first use)."""
