@@ -131,7 +131,7 @@ def test_a_sigkilled_consumer_leaves_only_its_unsettled_messages(
     broker.produce(queue, message(echo_job(), id="short"))
     first = spawn_worker("--concurrency", "2")
     wait_results(broker, queue, 1, timeout=90)
-    (orphan,) = live_sandboxes(local_server, job_run="long")
+    (orphan,) = live_sandboxes(local_server, queue_message_id="long")
     wait_for("the short message settled", lambda: first.text(), timeout=30, check=lambda t: "acked 1" in t)
     assert broker.committed(queue)[0] == 0
     first.signal(signal.SIGKILL)

@@ -139,7 +139,7 @@ def test_a_job_longer_than_the_lease_runs_once(
     if broker.name == "kafka" and b_stats.received:
         assert result["result"] == {"id": "long", "delivery": 2}
         assert a_stats.acked == 0 and b_stats.acked == 1
-        assert live_sandboxes(local_server, job_run="long") == []  # the cancelled attempt's too
+        assert live_sandboxes(local_server, queue_message_id="long") == []  # the cancelled attempt's too
     else:
         assert result["result"] == {"id": "long", "delivery": 1}
         assert b_stats.received == 0 and a_stats.acked == 1
