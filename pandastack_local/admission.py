@@ -54,6 +54,9 @@ class Occupant:
 
     name: str
     template: Template
+    # Whether a job runs in it (an exec in flight). Without one, nothing it holds (files on its
+    # tmpfs disk or in /dev/shm, a paused sandbox's memory) is freed by stopping a job.
+    running_job: bool = True
 
     @property
     def limit_mb(self) -> int:
@@ -68,6 +71,8 @@ class Stop:
     whole: bool
     held_mb: int  # its working set when it was picked
     share_mb: int
+    # Picked as an idle holder (no job running, more than the start reserve), before any job.
+    idle: bool = False
 
 
 @dataclass
@@ -182,8 +187,13 @@ class Admission:
         total = sum(held.values())
         self.last_total_mb = total // MB
         reserve = START_RESERVE_MB * MB
-        users = [name for name, b in held.items() if b > reserve]
-        idle = total - sum(held[n] for n in users)
+        running = {o.name for o in occupants if o.running_job}
+        # Idle holders: no job running, more than the reserve. Stopping a job frees nothing of
+        # theirs; they are reclaimed whole, before any running job (as the kernel drops cache
+        # before it kills), so they never shrink the share of the sandboxes that run jobs.
+        holders = [n for n, b in held.items() if b > reserve and n not in running]
+        users = [n for n, b in held.items() if b > reserve and n in running]
+        idle = total - sum(held[n] for n in users) - sum(held[n] for n in holders)
         share = max((budget - idle) // max(len(users), 1), reserve)
         self._forget_settled(held, share)
         if total <= budget:
@@ -191,13 +201,22 @@ class Admission:
         self.counts.passes_over_budget += 1
         excess = total - budget + budget // MIN_RECLAIM_FRACTION
         plan: list[Stop] = []
-        # Kubernetes' order: by use above the share (the same share for all: by use), largest first.
+        for name in sorted(holders, key=lambda n: held[n], reverse=True):
+            if excess <= 0:
+                return plan
+            stopped_at = self.job_stopped.get(name)
+            if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
+                excess -= held[name]  # its job was just stopped: its memory is on its way back
+                continue
+            plan.append(Stop(name, True, held[name] // MB, share // MB, idle=True))
+            excess -= held[name]
+        # Then Kubernetes' order: by use above the share (the same share for all: by use), largest first.
         for name in sorted((n for n in users if held[n] > share), key=lambda n: held[n], reverse=True):
             if excess <= 0:
                 break
             stopped_at = self.job_stopped.get(name)
             if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
-                excess -= held[name]  # its job was just stopped: its memory is on its way back
+                excess -= held[name]
                 continue
             plan.append(Stop(name, stopped_at is not None, held[name] // MB, share // MB))
             excess -= held[name] - (0 if stopped_at is not None else reserve)
