@@ -4,15 +4,18 @@ A sandbox's memory limit is a ceiling, not a reservation: an idle ``base`` sandb
 8 MB of its 2 GiB. Admitting by the sum of limits (the ``limits`` policy) refuses the 11th
 sandbox on a 24 GiB host; admitting by what the live sandboxes actually use (``usage``, the
 default) lets hundreds live at once. The price of overcommit is that the host can run short,
-so a guard watches the total, as Kubernetes' node-pressure eviction does: past the budget it
-ranks the sandboxes by their working set above their share and stops the job of the first (a
+so a guard watches the total, as Kubernetes' node-pressure eviction does. Past the budget it
+first stops whole the sandboxes that hold more than the start reserve with no job running (files
+on their tmpfs disk or in /dev/shm, a paused sandbox: memory no job stop frees), largest first:
+running work before idle caches, as the kernel reclaims cache before it kills. Then it
+ranks the sandboxes running a job by their working set above their share and stops the job of the first (a
 SIGKILL: the exec answers 137, as after an OOM kill, a redeliverable failure), then the next,
 until what is left fits the budget. A sandbox whose memory outlives its job (files on its tmpfs
 disk or in /dev/shm; under gVisor, anything: the sentry keeps a dead job's pages) is stopped
 whole on the next pass (a lost sandbox: redeliverable too).
 
-The share: the budget less what the idle sandboxes hold, split between the sandboxes that use
-memory (more than the start reserve each). Idle sandboxes do not shrink it, so a tenant cannot
+The share: the budget less what the idle sandboxes hold, split between the sandboxes that run a
+job and use memory (more than the start reserve each). Idle sandboxes do not shrink it, so a tenant cannot
 make a neighbour the biggest offender by holding many empty sandboxes; and since every sandbox
 that uses memory has the same share, ranking by use above it stops the biggest first: a sandbox
 is never stopped while one using more is above its share and not stopped. Without a memory

@@ -404,17 +404,17 @@ class SandboxManager:
             sb = self.sandboxes.get(pick.name)
             if sb is None or sb.ended:
                 continue  # a pool sandbox (never above its share) or one already gone
+            over = (
+                f"memory pressure on the host: the sandboxes used more than the "
+                f"{self.admission.budget_mb} MB budget and this one held {pick.held_mb} MB"
+            )
             if pick.idle:
                 why = (
-                    f"memory pressure on the host: the sandboxes used more than the {self.admission.budget_mb} "
-                    f"MB budget and this one held {pick.held_mb} MB with no job running (files or a paused "
-                    "sandbox's memory, which only stopping it frees): reclaimed before any running job"
+                    f"{over} with no job running (files or a paused sandbox's memory, which only "
+                    "stopping it frees): reclaimed before any running job"
                 )
             else:
-                why = (
-                    f"memory pressure on the host: the sandboxes used more than the {self.admission.budget_mb} "
-                    f"MB budget and this one held {pick.held_mb} MB, the most above its {pick.share_mb} MB share"
-                )
+                why = f"{over}, the most above its {pick.share_mb} MB share"
             # A job that ended since the pass measured: stopping it would free nothing.
             whole = (
                 pick.whole
