@@ -4,15 +4,18 @@ A sandbox's memory limit is a ceiling, not a reservation: an idle ``base`` sandb
 8 MB of its 2 GiB. Admitting by the sum of limits (the ``limits`` policy) refuses the 11th
 sandbox on a 24 GiB host; admitting by what the live sandboxes actually use (``usage``, the
 default) lets hundreds live at once. The price of overcommit is that the host can run short,
-so a guard watches the total, as Kubernetes' node-pressure eviction does: past the budget it
-ranks the sandboxes by their working set above their share and stops the job of the first (a
+so a guard watches the total, as Kubernetes' node-pressure eviction does. Past the budget it
+first stops whole the sandboxes that hold more than the start reserve with no job running (files
+on their tmpfs disk or in /dev/shm, a paused sandbox: memory no job stop frees), largest first:
+running work before idle caches, as the kernel reclaims cache before it kills. Then it
+ranks the sandboxes running a job by their working set above their share and stops the job of the first (a
 SIGKILL: the exec answers 137, as after an OOM kill, a redeliverable failure), then the next,
 until what is left fits the budget. A sandbox whose memory outlives its job (files on its tmpfs
 disk or in /dev/shm; under gVisor, anything: the sentry keeps a dead job's pages) is stopped
 whole on the next pass (a lost sandbox: redeliverable too).
 
-The share: the budget less what the idle sandboxes hold, split between the sandboxes that use
-memory (more than the start reserve each). Idle sandboxes do not shrink it, so a tenant cannot
+The share: the budget less what the idle sandboxes hold, split between the sandboxes that run a
+job and use memory (more than the start reserve each). Idle sandboxes do not shrink it, so a tenant cannot
 make a neighbour the biggest offender by holding many empty sandboxes; and since every sandbox
 that uses memory has the same share, ranking by use above it stops the biggest first: a sandbox
 is never stopped while one using more is above its share and not stopped. Without a memory
@@ -54,6 +57,9 @@ class Occupant:
 
     name: str
     template: Template
+    # Whether a job runs in it (an exec in flight). Without one, nothing it holds (files on its
+    # tmpfs disk or in /dev/shm, a paused sandbox's memory) is freed by stopping a job.
+    running_job: bool = True
 
     @property
     def limit_mb(self) -> int:
@@ -68,6 +74,8 @@ class Stop:
     whole: bool
     held_mb: int  # its working set when it was picked
     share_mb: int
+    # Picked as an idle holder (no job running, more than the start reserve), before any job.
+    idle: bool = False
 
 
 @dataclass
@@ -182,8 +190,13 @@ class Admission:
         total = sum(held.values())
         self.last_total_mb = total // MB
         reserve = START_RESERVE_MB * MB
-        users = [name for name, b in held.items() if b > reserve]
-        idle = total - sum(held[n] for n in users)
+        running = {o.name for o in occupants if o.running_job}
+        # Idle holders: no job running, more than the reserve. Stopping a job frees nothing of
+        # theirs; they are reclaimed whole, before any running job (as the kernel drops cache
+        # before it kills), so they never shrink the share of the sandboxes that run jobs.
+        holders = [n for n, b in held.items() if b > reserve and n not in running]
+        users = [n for n, b in held.items() if b > reserve and n in running]
+        idle = total - sum(held[n] for n in users) - sum(held[n] for n in holders)
         share = max((budget - idle) // max(len(users), 1), reserve)
         self._forget_settled(held, share)
         if total <= budget:
@@ -191,13 +204,22 @@ class Admission:
         self.counts.passes_over_budget += 1
         excess = total - budget + budget // MIN_RECLAIM_FRACTION
         plan: list[Stop] = []
-        # Kubernetes' order: by use above the share (the same share for all: by use), largest first.
+        for name in sorted(holders, key=lambda n: held[n], reverse=True):
+            if excess <= 0:
+                return plan
+            stopped_at = self.job_stopped.get(name)
+            if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
+                excess -= held[name]  # its job was just stopped: its memory is on its way back
+                continue
+            plan.append(Stop(name, True, held[name] // MB, share // MB, idle=True))
+            excess -= held[name]
+        # Then Kubernetes' order: by use above the share (the same share for all: by use), largest first.
         for name in sorted((n for n in users if held[n] > share), key=lambda n: held[n], reverse=True):
             if excess <= 0:
                 break
             stopped_at = self.job_stopped.get(name)
             if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
-                excess -= held[name]  # its job was just stopped: its memory is on its way back
+                excess -= held[name]
                 continue
             plan.append(Stop(name, stopped_at is not None, held[name] // MB, share // MB))
             excess -= held[name] - (0 if stopped_at is not None else reserve)

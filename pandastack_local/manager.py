@@ -345,12 +345,24 @@ class SandboxManager:
         """Who holds memory: the live sandboxes, and under the usage policy the pool too (its
         sandboxes use memory; their limits are no claim until one is taken)."""
         # A lost sandbox's processes are gone: its record holds no memory.
-        out = [Occupant(sb.id, sb.template) for sb in self.sandboxes.values() if not sb.ended]
+        out = [
+            Occupant(sb.id, sb.template, running_job=self._runs_job(sb))
+            for sb in self.sandboxes.values()
+            if not sb.ended
+        ]
         if self.admission.policy == "usage":
             for name, pool in self.pool.items():
                 if name in self.templates:
+                    # The server's own spares (never above their share, skipped by _carry_out):
+                    # not idle holders, so never reclaimed ahead of a tenant's sandbox.
                     out += [Occupant(sp.name, self.templates[name]) for sp in pool]
         return out
+
+    @staticmethod
+    def _runs_job(sb: Sandbox) -> bool:
+        """A job runs in it: an exec in flight in a running (not paused) sandbox. Without one,
+        what it holds is files or a frozen job's memory, which only stopping it frees."""
+        return sb.status == "running" and sb.active_execs > 0
 
     def memory_health(self) -> dict[str, Any]:
         """/healthz's memory section: the budget, the total the guard measured on its last pass
@@ -392,13 +404,25 @@ class SandboxManager:
             sb = self.sandboxes.get(pick.name)
             if sb is None or sb.ended:
                 continue  # a pool sandbox (never above its share) or one already gone
-            why = (
-                f"memory pressure on the host: the sandboxes used more than the {self.admission.budget_mb} "
-                f"MB budget and this one held {pick.held_mb} MB, the most above its {pick.share_mb} MB share"
+            over = (
+                f"memory pressure on the host: the sandboxes used more than the "
+                f"{self.admission.budget_mb} MB budget and this one held {pick.held_mb} MB"
             )
-            whole = pick.whole or await asyncio.to_thread(self.backend.stop_job, sb.process) is None
+            if pick.idle:
+                why = (
+                    f"{over} with no job running (files or a paused sandbox's memory, which only "
+                    "stopping it frees): reclaimed before any running job"
+                )
+            else:
+                why = f"{over}, the most above its {pick.share_mb} MB share"
+            # A job that ended since the pass measured: stopping it would free nothing.
+            whole = (
+                pick.whole
+                or not self._runs_job(sb)
+                or await asyncio.to_thread(self.backend.stop_job, sb.process) is None
+            )
             if whole:
-                pick = Stop(pick.name, True, pick.held_mb, pick.share_mb)
+                pick = Stop(pick.name, True, pick.held_mb, pick.share_mb, pick.idle)
                 sb.ended = f"stopped by the memory guard ({why})"
                 sb.status = "failed"
                 sb.last_active = time.monotonic()
@@ -415,7 +439,8 @@ class SandboxManager:
             else:
                 sb.log(f"{why}: its job was stopped (SIGKILL, exit 137)")
             self.admission.stopped(pick)
-            done.append(f"{sb.id} ({pick.held_mb} MB: {'sandbox' if whole else 'job'})")
+            what = "sandbox, no job running" if pick.idle else "sandbox" if whole else "job"
+            done.append(f"{sb.id} ({pick.held_mb} MB: {what})")
         if done:
             counts = self.admission.counts
             text = (

@@ -268,3 +268,71 @@ def test_a_job_that_lowers_its_sandboxs_oom_score_is_put_back_ahead_of_the_serve
             time.sleep(0.1)
         assert len(seen) >= 2, seen  # the holder and the sandbox's own processes
         assert min(seen.values()) >= 800, seen
+
+
+HOLDERS = 16
+# With its agent (about 8 MB; under gVisor the sentry, about 28 MB), just over the 32 MB start
+# reserve: no longer "idle" by size alone.
+HOLDER_FILE_MB = 10 if GVISOR else 30
+HOLDERS_BUDGET_MB = 900
+HOLDERS_NEIGHBOUR_MB = 350
+
+
+def test_idle_holders_are_reclaimed_before_a_neighbours_running_job(make_local_server, make_template) -> None:
+    """The red team's attack: many sandboxes each hold a little over the start reserve in a file on
+    their own tmpfs disk, with no job running, so they count as users and shrink the share; the
+    neighbour's running job is then the only one above it. Memory no job holds is reclaimed first:
+    the holders are stopped whole (never a "job" stop, which frees nothing of theirs) and the
+    neighbour finishes. Seen failing before: the guard stopped the neighbour's job (exit 137) and
+    the holders kept their memory. Peak about 1 GB."""
+    roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=256)
+    server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=HOLDERS_BUDGET_MB)
+    _needs_memory_cgroup(server)
+    client = server.client()
+    boxes: list[Any] = []
+    tracker = Tracker(server.url)
+    watcher = threading.Thread(target=tracker.run, daemon=True)
+    try:
+        for _ in range(1 + HOLDERS):
+            boxes.append(client.sandboxes.create(template="roomy"))
+        neighbour, *holders = boxes
+        for sb in boxes:
+            sb.filesystem.write("/work/grow.py", GROW)
+        for sb in holders:  # the file stays; the job that wrote it ends
+            out = sb.exec(f"python3 /work/grow.py file {HOLDER_FILE_MB} 0")
+            assert out.exit_code == 0, out
+        watcher.start()
+        deadline = time.monotonic() + 10
+        while not tracker.samples and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = tracker.samples[-1][1]
+        assert before is not None and before < HOLDERS_BUDGET_MB, (before, "the holders alone fit")
+        outcome = _run(neighbour, f"python3 /work/grow.py steady {HOLDERS_NEIGHBOUR_MB} 6")
+        tracker.stop.set()
+        watcher.join(5)
+        assert not isinstance(outcome, Exception), (outcome, server.log_tail(40))
+        assert outcome.exit_code == 0 and outcome.stdout.strip() == f"held {HOLDERS_NEIGHBOUR_MB}", (
+            outcome,
+            server.log_tail(40),
+        )
+        used = [u for _, u in tracker.samples]
+        assert any(u is not None and u > HOLDERS_BUDGET_MB for u in used), used  # it did cross
+        assert tracker.longest_over(HOLDERS_BUDGET_MB) <= OVER_BUDGET_BOUND_SECONDS, tracker.samples
+        guard = tracker.last["memory"]["guard"]
+        assert guard["jobs_stopped"] == 0 and guard["sandboxes_stopped"] >= 1, guard
+        gone = 0
+        for sb in holders:
+            try:
+                sb.exec("true")
+            except (pandastack.ServerError, pandastack.NotFoundError):
+                gone += 1
+        assert gone == guard["sandboxes_stopped"], (gone, guard)
+        assert "MB: sandbox, no job running)" in server.log_tail(400)
+        assert neighbour.exec("echo ok").stdout == "ok\n"
+    finally:
+        tracker.stop.set()
+        for sb in boxes:
+            try:
+                sb.kill()
+            except pandastack.NotFoundError:
+                pass

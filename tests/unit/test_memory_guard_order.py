@@ -27,8 +27,9 @@ def _guard(tmp_path: Path, held_mb: dict[str, int], cache_mb: int = 0, budget_mb
     return Admission("usage", budget_mb, Cgroups(instance="t", version="v2", bases={"memory": tmp_path}))
 
 
-def _occupants(held_mb: dict[str, int]) -> list[Occupant]:
-    return [Occupant(name, T) for name in held_mb]
+def _occupants(held_mb: dict[str, int], idle: tuple[str, ...] = ()) -> list[Occupant]:
+    """Every sandbox runs a job but those named in ``idle``."""
+    return [Occupant(name, T, running_job=name not in idle) for name in held_mb]
 
 
 def test_idle_sandboxes_do_not_shrink_the_share(tmp_path: Path) -> None:
@@ -41,6 +42,36 @@ def test_idle_sandboxes_do_not_shrink_the_share(tmp_path: Path) -> None:
     assert plan[0].share_mb == (1500 - 25 * 8) // 6
     # Enough to fit the budget, and no more: 1810 MB less two 300 MB jobs (less their agents' reserve).
     assert len(plan) == 2, plan
+
+
+def test_idle_holders_just_over_the_reserve_go_before_a_running_job(tmp_path: Path) -> None:
+    """The red team's attack: 28 sandboxes hold 35 MB each in files, no job running (just over the
+    idle line, so they would count as users and shrink the share to ~47 MB), beside a neighbour
+    running a 140 MB job. Their memory is reclaimed first, each sandbox stopped whole (stopping a
+    job they do not run frees nothing), largest first; the neighbour's job is never stopped."""
+    held = {f"holder{i}": 35 + (i % 2) for i in range(28)} | {"neighbour": 140}
+    holders = tuple(n for n in held if n.startswith("holder"))
+    guard = _guard(tmp_path, held, budget_mb=1000)
+    plan = guard.relieve(_occupants(held, idle=holders), now=0.0)
+    assert plan, plan
+    assert all(p.name.startswith("holder") and p.whole and p.idle for p in plan), plan
+    assert [p.held_mb for p in plan] == sorted((p.held_mb for p in plan), reverse=True), plan
+    # 1140 MB over a 1000 MB budget, less the 50 MB minimum reclaim: four or five holders suffice.
+    freed = sum(p.held_mb for p in plan)
+    assert freed >= 1140 - 1000 + 1000 // 20 and freed - plan[-1].held_mb < 190, plan
+
+
+def test_a_sandbox_without_a_running_job_is_never_planned_a_job_stop(tmp_path: Path) -> None:
+    """Above its share with no job running (a paused sandbox, a job's leftover files): whole."""
+    held = {"paused": 700, "worker": 400}
+    guard = _guard(tmp_path, held, budget_mb=1000)
+    plan = guard.relieve(_occupants(held, idle=("paused",)), now=0.0)
+    assert [(p.name, p.whole) for p in plan] == [("paused", True)], plan
+    # Once the idle holders are all stopped, the running jobs come next, by use above the share.
+    held = {"paused": 100, "a": 600, "b": 500}
+    guard = _guard(tmp_path, held, budget_mb=1000)
+    plan = guard.relieve(_occupants(held, idle=("paused",)), now=0.0)
+    assert [(p.name, p.whole) for p in plan] == [("paused", True), ("a", False)], plan
 
 
 def test_the_biggest_above_its_share_goes_first_and_never_one_below_it(tmp_path: Path) -> None:
