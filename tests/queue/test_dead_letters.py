@@ -18,6 +18,7 @@ from tests.queue.brokers import AWS_ENV, Broker
 from tests.queue.conftest import REPO, Running, echo_job, message
 
 IMPLEMENTED = ["redis", "postgres", "sqs", "rabbitmq"]
+KEPT = {"redis", "postgres"}  # the dead letter stays in the store, marked requeued
 
 
 def _cli(broker: Broker, queue: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -46,9 +47,11 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(
     assert dead["kind"] == "malformed" and "512" in dead["reason"], dead
     plain = _cli(broker, queue)
     assert f"broker_id={dead['broker_id']} id=order-7 kind=malformed" in plain.stdout, plain.stdout
-    # The stored dead letter itself names both ids (whatever else the broker keeps beside it).
-    stored = broker.dead(queue)
-    assert stored[0]["why"]["id"] == "order-7" and stored[0]["why"]["broker_id"] == dead["broker_id"]
+    if broker.name in KEPT:
+        # The stored dead letter itself names both ids (whatever else the broker keeps beside it);
+        # reading it back on SQS and RabbitMQ takes it off the queue, so there it is checked below.
+        stored = broker.dead(queue)
+        assert stored[0]["why"]["id"] == "order-7" and stored[0]["why"]["broker_id"] == dead["broker_id"]
 
     unknown = _cli(broker, queue, "--requeue", "no-such-id")
     assert unknown.returncode == 2, unknown.stderr
@@ -67,3 +70,10 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(
     results = broker.results(queue)
     assert [r["delivery"] for r in results] == [1], results
     assert broker.depth(queue) == 0
+    if broker.name not in KEPT:  # the requeued dead letter is gone; a second one names both ids
+        producer = broker.transport(queue)
+        producer.send(message(echo_job(), id="order-8") + b" " * 600)
+        producer.close()
+        start_consumer(until=lambda s: s.dead_lettered >= 1, max_message_bytes=512).join(60)
+        (stored,) = broker.dead(queue)
+        assert stored["why"]["id"] == "order-8" and stored["why"]["broker_id"], stored
