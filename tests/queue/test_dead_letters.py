@@ -17,8 +17,8 @@ import pytest
 from tests.queue.brokers import AWS_ENV, Broker
 from tests.queue.conftest import REPO, Running, echo_job, message
 
-IMPLEMENTED = ["redis", "postgres", "sqs", "rabbitmq"]
-KEPT = {"redis", "postgres"}  # the dead letter stays in the store, marked requeued
+IMPLEMENTED = ["redis", "postgres", "sqs", "rabbitmq", "kafka"]
+KEPT = {"redis", "postgres", "kafka"}  # the dead letter stays in the store, marked requeued
 
 
 def _cli(broker: Broker, queue: str, *args: str) -> subprocess.CompletedProcess[str]:
