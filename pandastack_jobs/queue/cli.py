@@ -15,6 +15,7 @@ PandaStack API refused the key (or there is none).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ from . import BrokerUnavailable, Consumer, Transport, open_transport
 from .consumer import CONSUMER_DEFAULTS as D
 from .metrics import messaging_system
 from .outage import EXIT_API_KEY_REJECTED, EXIT_API_UNREACHABLE, ApiCheckError, describe_api, probe
+from .transport import DeadLettersUnsupported, UnknownDeadLetter
 
 EXAMPLES = f"""PandaStack: PANDASTACK_API (the hosted API when unset) and PANDASTACK_API_KEY.
 exit codes: 0 stopped, 2 bad argument, 3 broker unreachable,
@@ -117,6 +119,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--broker", default=os.environ.get("PANDASTACK_QUEUE_BROKER"), help="broker URL")
     s.add_argument("messages", nargs="*")
+    dl = sub.add_parser(
+        "dead-letters",
+        help="list the queue's dead letters (both ids, kind, reason), or --requeue one",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    dl.add_argument("--broker", default=os.environ.get("PANDASTACK_QUEUE_BROKER"), help="broker URL")
+    dl.add_argument("--limit", type=int, default=100, help="list at most N (default 100)")
+    dl.add_argument("--json", action="store_true", help="one JSON object per line, body included")
+    dl.add_argument(
+        "--requeue",
+        metavar="BROKER_ID",
+        help="put this dead letter back on the queue as a new message (delivery 1); "
+        "its dead letter is kept, marked requeued",
+    )
     return p
 
 
@@ -148,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     if args.command == "send":
         return _send(transport, args.messages)
+    if args.command == "dead-letters":
+        return _dead_letters(transport, args)
     return _consume(transport, args)
 
 
@@ -165,6 +184,42 @@ def _send(transport: Transport, messages: list[str]) -> int:
     transport.close()
     print(f"sent {len(lines)} message(s) to {transport.name}", file=sys.stderr)
     return 0
+
+
+def _dead_letters(transport: Transport, args: argparse.Namespace) -> int:
+    """List the dead letters, or requeue one: 0, 2 for an unknown id, --limit < 1 or a broker
+    that cannot do it (named), 3 when the broker drops meanwhile."""
+    try:
+        if args.requeue:
+            new = transport.requeue(args.requeue)
+            to = f" as {new}" if new else ""
+            print(f"requeued {args.requeue} to {transport.name}{to} (delivery count from 1)")
+            return 0
+        if args.limit < 1:
+            print("pandastack-jobs: --limit: give a number >= 1", file=sys.stderr)
+            return 2
+        for rec in transport.dead_letters(args.limit):
+            if args.json:
+                print(json.dumps(rec.as_dict()))
+            else:
+                field = f" field={rec.field}" if rec.field else ""
+                reason = " ".join(rec.reason.split())[:300]
+                print(
+                    f"broker_id={rec.broker_id} id={rec.id or '-'} kind={rec.kind} "
+                    f"deliveries={rec.deliveries}{field} reason={reason}"
+                )
+        return 0
+    except UnknownDeadLetter as exc:
+        print(f"pandastack-jobs: --requeue: {exc} (see `dead-letters --broker URL`)", file=sys.stderr)
+        return 2
+    except DeadLettersUnsupported as exc:
+        print(f"pandastack-jobs: dead-letters: {exc}", file=sys.stderr)
+        return 2
+    except BrokerUnavailable as exc:
+        print(f"pandastack-jobs: lost the broker: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        transport.close()
 
 
 def _check_api(connection: ConnectionConfig) -> int:

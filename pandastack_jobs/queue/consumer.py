@@ -12,6 +12,7 @@ pulling and probes the API until it answers (``outage.py``).
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -35,7 +36,7 @@ from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MAX_JSON_DEPTH, MessageError, QueueJob, parse
 from .metrics import Observer, messaging_system
 from .outage import ApiKeyRejected, Backoff, Uncharged, maybe_platform, platform_failure, probe
-from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport, correlation_id
 
 logger = logging.getLogger(__name__)
 
@@ -646,6 +647,9 @@ class Consumer:
         return True
 
     def _dead(self, delivery: Delivery, why: DeadLetter, job: QueueJob | None) -> None:
+        # The stored dead letter names both ids (docs/queues.md), whatever the broker keeps beside it.
+        ident = job.message_id if job is not None else correlation_id(delivery.body)
+        why = dataclasses.replace(why, id=ident, broker_id=delivery.message_id)
         self.transport.dead_letter(delivery, why)
         self._uncharged.forget(delivery.message_id)
         self.stats.dead_lettered += 1

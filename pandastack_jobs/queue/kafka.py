@@ -51,7 +51,16 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    LeaseLost,
+    Transport,
+    UnknownDeadLetter,
+    record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -611,6 +620,63 @@ class KafkaTransport(Transport):
             self.dead_topic, delivery.body, ref.key, {"mid": delivery.message_id, "why": why.to_json()}
         )
         self._settle(delivery)
+
+    def _dead_records(self) -> list[tuple[Message, DeadLetterRecord]]:
+        """Every dead letter of ``<topic>.dead`` not marked requeued, oldest first per partition.
+        Read by a consumer of its own (assigned, no group commit): the topic is kept, and a
+        requeue appends a marker record (header ``requeued``: the broker id) instead of deleting."""
+        reader = Consumer(self._conf("consumer", **{"group.id": f"pandastack-reader-{uuid.uuid4().hex}"}))
+        out: list[Message] = []
+        try:
+            meta = reader.list_topics(self.dead_topic, timeout=10).topics.get(self.dead_topic)
+            for p in sorted(meta.partitions if meta is not None else []):
+                low, high = reader.get_watermark_offsets(TopicPartition(self.dead_topic, p), timeout=10)
+                if high <= low:
+                    continue
+                reader.assign([TopicPartition(self.dead_topic, p, low)])
+                got: list[Message] = []
+                deadline = time.monotonic() + 30
+                while len(got) < high - low and time.monotonic() < deadline:
+                    got += [m for m in reader.consume(high - low - len(got), 0.5) if m.error() is None]
+                if len(got) < high - low:
+                    raise BrokerUnavailable(f"Kafka at {self._hosts}: {self.dead_topic}[{p}] not read in 30s")
+                out += got
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
+        finally:
+            reader.close()
+        marked = {_headers(m).get("requeued") for m in out}
+        recs = []
+        for m in out:
+            h = _headers(m)
+            if "requeued" in h or h.get("mid") in marked:
+                continue
+            try:
+                why = json.loads(h.get("why") or "{}")
+            except ValueError:
+                why = {}
+            mid = h.get("mid") or f"{m.partition()}-{m.offset()}"
+            kind, ms = m.timestamp()
+            at = ms / 1000 if kind and ms > 0 else None
+            recs.append((m, record(mid, m.value() or b"", why if isinstance(why, dict) else {}, at)))
+        return recs
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """From ``<topic>.dead``, read from the start, leaving out those marked requeued."""
+        return [rec for _, rec in self._dead_records()[:limit]]
+
+    def requeue(self, broker_id: str) -> str:
+        """Produce the body (with its key) to ``<topic>``: a new record, a new id, delivery 1; then
+        a marker record on ``<topic>.dead`` (header ``requeued``), so the dead letter stays with
+        its reason but is not listed again. Killed between the two, a second requeue would
+        produce it twice (at least once)."""
+        found = next(((m, rec) for m, rec in self._dead_records() if rec.broker_id == broker_id), None)
+        if found is None:
+            raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_topic}")
+        m, rec = found
+        self.send(rec.body, key=m.key())
+        self._publish(self.dead_topic, b"", m.key(), {"requeued": broker_id})
+        return ""
 
     def extend(self, delivery: Delivery) -> None:
         """Nothing to do: a partition stays ours until a rebalance (then :meth:`lost` says so)."""

@@ -14,7 +14,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from .transport import DeadLetter, Delivery, Transport
+from .transport import DeadLetter, DeadLetterRecord, Delivery, Transport, UnknownDeadLetter, record
 
 
 class MemoryTransport(Transport):
@@ -31,6 +31,10 @@ class MemoryTransport(Transport):
         self.dead: list[tuple[str, DeadLetter]] = []
         self.replies: list[dict[str, Any]] = []
         self.counts: dict[str, int] = {}
+        # The dead letters' bodies and when they died, and which were requeued (as what): kept for
+        # dead_letters()/requeue(), beside ``dead``.
+        self._dead_store: list[tuple[str, bytes, DeadLetter, float]] = []
+        self.requeued: dict[str, str] = {}
         self._lock = threading.Lock()  # a test's thread sends while the consumer's loop receives
         self._next_id = 0
 
@@ -72,6 +76,27 @@ class MemoryTransport(Transport):
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         self.dead.append((delivery.message_id, why))
+        self._dead_store.append((delivery.message_id, delivery.body, why, time.time()))
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        with self._lock:
+            kept = [d for d in self._dead_store if d[0] not in self.requeued]
+        return [record(mid, body, why.as_dict(), at) for mid, body, why, at in kept[:limit]]
+
+    def requeue(self, broker_id: str) -> str:
+        """A new message with the dead letter's body (a new id, delivery 1); the dead letter stays,
+        marked in ``requeued``."""
+        with self._lock:
+            found = next((d for d in self._dead_store if d[0] == broker_id), None)
+            if found is None or broker_id in self.requeued:
+                raise UnknownDeadLetter(
+                    f"no dead letter with broker id {broker_id!r} on memory://{self.name}"
+                )
+            new = f"m{self._next_id}"
+        self.send(found[1], new)
+        with self._lock:
+            self.requeued[broker_id] = new
+        return new
 
     def extend(self, delivery: Delivery) -> None:
         """Nothing to do: a received message is held until it is settled."""

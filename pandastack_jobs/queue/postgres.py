@@ -23,7 +23,16 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    LeaseLost,
+    Transport,
+    UnknownDeadLetter,
+    record,
+)
 
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
@@ -43,6 +52,7 @@ CREATE TABLE IF NOT EXISTS {dead} (
     id bigserial PRIMARY KEY, queue text NOT NULL, message_id text NOT NULL, body bytea NOT NULL,
     why jsonb NOT NULL, dead_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE {dead} ADD COLUMN IF NOT EXISTS requeued_as text;
 CREATE TABLE IF NOT EXISTS {results} (
     id bigserial PRIMARY KEY, queue text NOT NULL, body bytea NOT NULL, at timestamptz NOT NULL DEFAULT now()
 );
@@ -150,6 +160,34 @@ class PostgresTransport(Transport):
             " INSERT INTO {dead} (queue, message_id, body, why) SELECT queue, %s, body, %s::jsonb FROM gone"
         ).format(t=self._t, dead=self._dead)
         self._exec(query, (*delivery.handle, delivery.message_id, why.to_json()), leased=True)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """From ``<table>_dead``, leaving out the rows marked ``requeued_as``."""
+        query = sql.SQL(
+            "SELECT message_id, body, why, extract(epoch from dead_at) FROM {dead}"
+            " WHERE queue = %s AND requeued_as IS NULL ORDER BY id LIMIT %s"
+        ).format(dead=self._dead)
+        rows = self._exec(query, (self.name, limit))
+        return [
+            record(mid, bytes(body), why if isinstance(why, dict) else {}, float(at))
+            for mid, body, why, at in rows
+        ]
+
+    def requeue(self, broker_id: str) -> str:
+        """In one statement: a new row with the dead letter's body (a new id, delivery 1), and the
+        dead row kept, marked ``requeued_as`` the new id (its reason is the message's history)."""
+        query = sql.SQL(
+            "WITH d AS (SELECT id, body FROM {dead} WHERE queue = %s AND message_id = %s"
+            "   AND requeued_as IS NULL ORDER BY id LIMIT 1 FOR UPDATE),"
+            " ins AS (INSERT INTO {t} (queue, body) SELECT %s, body FROM d RETURNING id),"
+            " upd AS (UPDATE {dead} SET requeued_as = (SELECT id::text FROM ins)"
+            "   WHERE id = (SELECT id FROM d) RETURNING 1)"
+            " SELECT id::text FROM ins"
+        ).format(dead=self._dead, t=self._t)
+        rows = self._exec(query, (self.name, broker_id, self.name))
+        if not rows:
+            raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} in {self._table}_dead")
+        return str(rows[0][0])
 
     def extend(self, delivery: Delivery) -> None:
         query = sql.SQL(

@@ -40,7 +40,15 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    Transport,
+    UnknownDeadLetter,
+    record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +260,60 @@ class RabbitMQTransport(Transport):
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         self._publish(self.dlx, "", delivery, {_MID: delivery.message_id, "x-pandastack-dead": why.to_json()})
         self.ack(delivery)
+
+    def _peek_dead(self, limit: int) -> list[tuple[int, bytes, DeadLetterRecord]]:
+        r"""Up to ``limit`` messages of ``<queue>.dead``, taken unacked (AMQP has no browse): the
+        caller acks or ``_unhide``\ s them (back in the queue, in their order)."""
+        got: list[tuple[int, bytes, DeadLetterRecord]] = []
+        while len(got) < limit:
+            method, props, body = self._call(self._ch.basic_get, self.dead_queue, auto_ack=False)
+            if method is None:
+                break
+            headers = props.headers or {}
+            try:
+                why = dead_reason(headers)
+            except ValueError:
+                why = {}
+            mid = headers.get(_MID) or props.message_id or f"tag-{method.delivery_tag}"
+            mid = mid.decode() if isinstance(mid, bytes) else str(mid)
+            rec = record(mid, body, why if isinstance(why, dict) else {}, None)
+            got.append((method.delivery_tag, body, rec))
+        return got
+
+    def _unhide(self, tags: list[int]) -> None:
+        for tag in tags:
+            self._call(self._ch.basic_nack, tag, requeue=True)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """Taken from ``<queue>.dead`` unacked and given back at once."""
+        got = self._peek_dead(limit)
+        self._unhide([tag for tag, _, _ in got])
+        return [rec for _, _, rec in got]
+
+    def requeue(self, broker_id: str) -> str:
+        """Publish the body to ``<queue>`` (a consumer gives it a new id on its way to the work
+        queue: delivery 1), then ack the dead letter: AMQP cannot mark it, so its reason is logged
+        as the message's history. Returns "" (the new id is given when a consumer takes it)."""
+        got = self._peek_dead(100_000)
+        match = next(((tag, body, rec) for tag, body, rec in got if rec.broker_id == broker_id), None)
+        try:
+            if match is None:
+                raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_queue}")
+            tag, body, rec = match
+            props = pika.BasicProperties(delivery_mode=2, timestamp=int(time.time()))
+            self._call(self._ch.basic_publish, "", self.name, body, props)
+            self._call(self._ch.basic_ack, tag)
+            logger.warning(
+                "requeued: id=%s broker_id=%s; it was dead-lettered kind=%s deliveries=%d reason=%s",
+                rec.id or "-",
+                broker_id,
+                rec.kind,
+                rec.deliveries,
+                " ".join(rec.reason.split())[:500],
+            )
+            return ""
+        finally:
+            self._unhide([tag for tag, _, rec in got if match is None or tag != match[0]])
 
     def extend(self, delivery: Delivery) -> None:
         """Nothing to do: an unacked message stays ours while the channel lives."""

@@ -26,7 +26,15 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    Transport,
+    UnknownDeadLetter,
+    record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +62,14 @@ local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'sent', ARGV[6], 't
 redis.call('HSET', KEYS[2], id, cjson.encode({mid = ARGV[4], prior = tonumber(ARGV[5])}))
 return id
 """
+# KEYS: stream, requeued. ARGV: dead entry id, body. Requeue a dead letter once: a new entry (a new
+# message: its own id, delivery 1), the dead entry marked with it in the same script.
+_REQUEUE = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return false end
+local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], id)
+return id
+"""
 # The fields a producer's entry may have: the body, and two the metrics and traces read as untrusted
 # (validated there, never bookkeeping): when it was first sent, and its W3C trace context.
 _ENTRY_FIELDS = frozenset({b"body", b"sent", b"traceparent"})
@@ -76,6 +92,7 @@ class RedisStreamsTransport(Transport):
         self.dead_stream, self.reply_stream = f"{self.stream}:dead", f"{self.stream}:results"
         self._delayed = f"{self.stream}:delayed"
         self._ids = f"{self.stream}:ids"
+        self._requeued = f"{self.stream}:dead:requeued"
         self._r: redis.Redis | None = None
 
     # -- connection ------------------------------------------------------------------------------
@@ -95,6 +112,7 @@ class RedisStreamsTransport(Transport):
         self._r = r
         self._promote = r.register_script(_PROMOTE)
         self._readd = r.register_script(_READD)
+        self._requeue = r.register_script(_REQUEUE)
 
     def close(self) -> None:
         if self._r is not None:
@@ -208,6 +226,50 @@ class RedisStreamsTransport(Transport):
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         fields = {"body": delivery.body, "mid": delivery.message_id, "why": why.to_json()}
         self._settle(delivery, ("xadd", (self.dead_stream, fields)))
+
+    def _dead_entries(self) -> Any:
+        """(dead entry id, record) of every dead letter not yet requeued, oldest first."""
+        r = self._redis()
+        start = "-"
+        while True:
+            page = self._call(r.xrange, self.dead_stream, start, "+", count=200)
+            if not page:
+                return
+            ids = [eid for eid, _ in page]
+            done = self._call(r.hmget, self._requeued, ids)
+            for (eid, fields), requeued in zip(page, done, strict=True):
+                if requeued is None:
+                    yield eid, self._record(eid, fields)
+            start = "(" + _text(page[-1][0])
+
+    @staticmethod
+    def _record(eid: bytes, fields: dict[bytes, bytes]) -> DeadLetterRecord:
+        try:
+            why = json.loads(fields.get(b"why") or b"{}")
+        except ValueError:
+            why = {}
+        why = why if isinstance(why, dict) else {}
+        at = int(_text(eid).split("-")[0]) / 1000
+        return record(_text(fields.get(b"mid")), fields.get(b"body", b""), why, at)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """From ``<stream>:dead``, leaving out those marked in ``<stream>:dead:requeued``."""
+        out: list[DeadLetterRecord] = []
+        for _, rec in self._dead_entries():
+            out.append(rec)
+            if len(out) >= limit:
+                break
+        return out
+
+    def requeue(self, broker_id: str) -> str:
+        """A new entry with the dead letter's body; the dead entry stays, marked requeued (its
+        reason is the message's history) in ``<stream>:dead:requeued`` (dead entry id -> new id)."""
+        for eid, rec in self._dead_entries():
+            if rec.broker_id == broker_id:
+                new = self._call(self._requeue, keys=[self.stream, self._requeued], args=[eid, rec.body])
+                if new:
+                    return _text(new)
+        raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_stream}")
 
     def extend(self, delivery: Delivery) -> None:
         # XCLAIM to ourselves resets the entry's idle time; JUSTID leaves its delivery count alone.

@@ -23,7 +23,16 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    LeaseLost,
+    Transport,
+    UnknownDeadLetter,
+    record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +142,77 @@ class SQSTransport(Transport):
         body = delivery.body.decode("utf-8", "replace") or "-"
         self._call("send_message", QueueUrl=self.urls["dead"], MessageBody=body, MessageAttributes=attrs)
         self.ack(delivery)
+
+    def _peek_dead(self, limit: int) -> list[tuple[dict[str, Any], DeadLetterRecord]]:
+        """Receive up to ``limit`` dead letters (each hidden for a minute meanwhile): SQS has no
+        browse; the caller makes them visible again (:meth:`_unhide`) or deletes them."""
+        got: list[tuple[dict[str, Any], DeadLetterRecord]] = []
+        seen: set[str] = set()
+        while len(got) < limit:
+            page = self._call(
+                "receive_message",
+                QueueUrl=self.urls["dead"],
+                MaxNumberOfMessages=max(1, min(limit - len(got), 10)),
+                VisibilityTimeout=60,
+                AttributeNames=["SentTimestamp"],
+                MessageAttributeNames=["message_id", "why"],
+            ).get("Messages", [])
+            fresh = [m for m in page if m["MessageId"] not in seen]
+            if not fresh:
+                break
+            for m in fresh:
+                seen.add(m["MessageId"])
+                attrs = m.get("MessageAttributes", {})
+                try:
+                    why = json.loads(attrs.get("why", {}).get("StringValue") or "{}")
+                except ValueError:
+                    why = {}
+                mid = attrs.get("message_id", {}).get("StringValue") or m["MessageId"]
+                sent = m.get("Attributes", {}).get("SentTimestamp")
+                at = int(sent) / 1000 if sent else None
+                body = str(m["Body"]).encode()
+                got.append((m, record(mid, body, why if isinstance(why, dict) else {}, at)))
+        return got
+
+    def _unhide(self, messages: list[dict[str, Any]]) -> None:
+        for m in messages:
+            self._call(
+                "change_message_visibility",
+                QueueUrl=self.urls["dead"],
+                ReceiptHandle=m["ReceiptHandle"],
+                VisibilityTimeout=0,
+            )
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """Received from ``QUEUE-dead`` and made visible again at once."""
+        got = self._peek_dead(limit)
+        self._unhide([m for m, _ in got])
+        return [rec for _, rec in got]
+
+    def requeue(self, broker_id: str) -> str:
+        """``SendMessage`` of the body to ``QUEUE`` (a new ``MessageId``, delivery 1), then the dead
+        letter is deleted: SQS cannot mark it, so its reason is logged as the message's history."""
+        got = self._peek_dead(10_000)
+        try:
+            found = next(((m, rec) for m, rec in got if rec.broker_id == broker_id), None)
+            if found is None:
+                raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.name}-dead")
+            m, rec = found
+            sent = self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=m["Body"])
+            self._call("delete_message", QueueUrl=self.urls["dead"], ReceiptHandle=m["ReceiptHandle"])
+            new = str(sent.get("MessageId") or "")
+            logger.warning(
+                "requeued: id=%s broker_id=%s as %s; it was dead-lettered kind=%s deliveries=%d reason=%s",
+                rec.id or "-",
+                broker_id,
+                new,
+                rec.kind,
+                rec.deliveries,
+                " ".join(rec.reason.split())[:500],
+            )
+            return new
+        finally:
+            self._unhide([m for m, rec in got if rec.broker_id != broker_id])
 
     def extend(self, delivery: Delivery) -> None:
         self.release(delivery, self.lease_seconds or 30)

@@ -58,12 +58,73 @@ class DeadLetter:
     deliveries: int = 0
     stdout_tail: str = ""
     stderr_tail: str = ""
+    # Both ids, so a reader finds the dead letter by either: the message's own ``id`` (the
+    # producer's correlation id, None when it has none) and the broker's id (its identity).
+    id: str | None = None
+    broker_id: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict())
+
+
+class UnknownDeadLetter(PandaStackJobsError, LookupError):
+    """``requeue`` was given an id no dead letter of this queue has."""
+
+
+class DeadLettersUnsupported(PandaStackJobsError, NotImplementedError):
+    """The transport cannot list or requeue its dead letters; the message names the broker."""
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """One stored dead letter, as ``pandastack-jobs dead-letters`` lists it. ``broker_id`` is the
+    message's identity on the broker (what ``requeue`` takes); ``id`` is the producer's
+    correlation id from the body (None when it has none); ``at`` is when it was dead-lettered
+    (epoch seconds, None where the broker does not say)."""
+
+    broker_id: str
+    id: str | None
+    kind: str
+    reason: str
+    field: str | None
+    deliveries: int
+    at: float | None
+    body: bytes = b""
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["body"] = self.body.decode("utf-8", "replace")
+        return out
+
+
+def correlation_id(body: bytes) -> str | None:
+    """The ``id`` a producer put in the JSON body, if any (bounded; never raises)."""
+    try:
+        doc = json.loads(body[: 1024 * 1024])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    found = doc.get("id") if isinstance(doc, dict) else None
+    return found[:256] if isinstance(found, str) else None
+
+
+def record(broker_id: str, body: bytes, why: dict[str, Any], at: float | None) -> DeadLetterRecord:
+    """A :class:`DeadLetterRecord` from a stored body and its ``why`` JSON (any shape: a dead
+    letter an older consumer or the broker itself wrote has fewer fields)."""
+    deliveries = why.get("deliveries")
+    ident = why.get("id")
+    return DeadLetterRecord(
+        broker_id=str(why.get("broker_id") or broker_id),
+        id=ident if isinstance(ident, str) else correlation_id(body),
+        kind=str(why.get("kind") or "unknown"),
+        reason=str(why.get("reason") or "(no reason recorded)"),
+        field=why.get("field") if isinstance(why.get("field"), str) else None,
+        deliveries=deliveries if isinstance(deliveries, int) else 0,
+        at=at,
+        body=body,
+    )
 
 
 class Transport(ABC):
@@ -127,6 +188,17 @@ class Transport(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release the connection."""
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
+        """Up to ``limit`` dead letters still waiting (oldest first); requeued ones are left out."""
+        raise DeadLettersUnsupported(f"{type(self).__name__}: listing dead letters is not supported")
+
+    def requeue(self, broker_id: str) -> str:
+        """Put the dead letter of ``broker_id`` back on the queue as a NEW message (a fresh broker
+        id, delivery count from 1) and return the new broker id where the broker tells it (else
+        ""). The dead letter's reason stays in the dead-letter store, marked requeued, or where
+        the broker cannot mark it, in the log. Raises :class:`UnknownDeadLetter`."""
+        raise DeadLettersUnsupported(f"{type(self).__name__}: requeueing dead letters is not supported")
 
     def lost(self, delivery: Delivery) -> bool:
         """True when ``delivery`` came over a connection that has since been lost: it cannot be

@@ -110,7 +110,9 @@ def test_a_message_may_lower_the_bounds() -> None:
 
 def test_a_dead_letters_record_is_its_fields_in_order() -> None:
     """What the dead-letter destination stores beside the body: every field, in declaration order."""
-    why = DeadLetter("timed out", "timeout", None, 2, stdout_tail="out", stderr_tail="err")
+    why = DeadLetter(
+        "timed out", "timeout", None, 2, stdout_tail="out", stderr_tail="err", id="r-1", broker_id="5-0"
+    )
     expected = {
         "reason": "timed out",
         "kind": "timeout",
@@ -118,6 +120,8 @@ def test_a_dead_letters_record_is_its_fields_in_order() -> None:
         "deliveries": 2,
         "stdout_tail": "out",
         "stderr_tail": "err",
+        "id": "r-1",
+        "broker_id": "5-0",
     }
     assert why.as_dict() == expected and list(why.as_dict()) == list(expected)
     assert why.to_json() == json.dumps(expected)
