@@ -32,6 +32,9 @@ def _by_job(rows: list) -> dict[str, Any]:
     return {row["job"]: row for row in rows}
 
 
+# Each runs a shipped DAG whole with `airflow dags test` (a CPU-bound start-up of Airflow, then
+# several sandboxes): 170-207 s on a loaded two-core host, so the default 300 s limit is too near.
+@pytest.mark.timeout(900)
 def test_scheduled_report_publishes_the_report(example_env: dict[str, str], tmp_path: Path) -> None:
     rows = run_dag("pandastack_scheduled_report", example_env, tmp_path / "log")
     assert not surprises(rows), rows
@@ -55,6 +58,7 @@ def test_scheduled_report_publishes_the_report(example_env: dict[str, str], tmp_
     assert summary["orders"] == 200 and north["orders"] > 0 and north["average"] > 0
 
 
+@pytest.mark.timeout(900)
 def test_tenant_transforms_fail_only_the_hostile_tenants(example_env: dict[str, str], tmp_path: Path) -> None:
     rows = run_dag("pandastack_tenant_transforms", example_env, tmp_path / "log")
     by_job = _by_job(rows)
@@ -76,6 +80,7 @@ def test_tenant_transforms_fail_only_the_hostile_tenants(example_env: dict[str, 
     assert by_job["pandastack_tenant_transforms.summarize"]["outcome"] == "success"
 
 
+@pytest.mark.timeout(900)
 def test_warm_fork_batch_warms_once(example_env: dict[str, str], tmp_path: Path) -> None:
     rows = run_dag("pandastack_warm_fork_batch", example_env, tmp_path / "log")
     assert not surprises(rows), rows
