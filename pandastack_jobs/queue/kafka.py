@@ -717,7 +717,7 @@ def _tenant(body: bytes) -> str | None:
     """The message's ``tenant``, when it is a JSON object with a string one (else no key)."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser (the consumer refuses it)
         return None
     tenant = doc.get("tenant") if isinstance(doc, dict) else None
     return tenant if isinstance(tenant, str) and tenant else None

@@ -104,7 +104,7 @@ def correlation_id(body: bytes) -> str | None:
     """The ``id`` a producer put in the JSON body, if any (bounded; never raises)."""
     try:
         doc = json.loads(body[: 1024 * 1024])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: a hostile nesting
         return None
     found = doc.get("id") if isinstance(doc, dict) else None
     return found[:256] if isinstance(found, str) else None

@@ -105,6 +105,13 @@ def _noise(kind: str) -> st.SearchStrategy[dict[str, Any]]:
             lambda b: b.decode("utf-8", "replace").replace("\x00", "?") or "-"
         )
         return st.fixed_dictionaries({"body": body, "attrs": attrs})
+    if kind == "kafka":
+        # Record headers a producer sets on the main topic (the retry topic's are the consumer's).
+        names = st.sampled_from(["mid", "count", "not_before", "traceparent"]) | st.text(
+            min_size=1, max_size=8
+        )
+        headers = st.dictionaries(names, st.binary(max_size=30), max_size=3)
+        return st.fixed_dictionaries({"body": _bodies(), "headers": headers, "partition": st.integers(0, 1)})
     text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20)
     return st.fixed_dictionaries(
         {
@@ -132,6 +139,14 @@ def _put(broker: Broker, queue: str, item: dict[str, Any]) -> None:
         url = broker.client.get_queue_url(QueueName=queue)["QueueUrl"]  # type: ignore[attr-defined]
         attrs = {k: {"DataType": "String", "StringValue": v} for k, v in item["attrs"].items()}
         broker.client.send_message(QueueUrl=url, MessageBody=item["body"], MessageAttributes=attrs)  # type: ignore[attr-defined]
+    elif broker.name == "kafka":
+        from confluent_kafka import Producer
+
+        p = Producer({"bootstrap.servers": f"127.0.0.1:{broker.port}"})  # type: ignore[attr-defined]
+        p.produce(
+            queue, value=item["body"], partition=item["partition"], headers=list(item["headers"].items())
+        )
+        assert p.flush(10) == 0
     else:
         import psycopg
 

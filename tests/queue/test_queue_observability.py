@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from pandastack_jobs.queue.metrics import sent_at
 from pandastack_jobs.tracing import valid_traceparent
 from tests.queue.brokers import Broker
@@ -25,6 +27,9 @@ def receive_one(t, timeout: float = 15):
     raise AssertionError("no delivery")
 
 
+# Kafka's transport has no backlog() or send_traced() yet (consumer lag and trace headers are left to
+# do; docs/observability.md): its metrics leave the backlog out and its spans start unlinked.
+@pytest.mark.parametrize("broker", ["redis", "postgres", "rabbitmq", "sqs"], indirect=True)
 def test_backlog_enqueue_time_and_trace_context(broker: Broker, queue: str) -> None:
     t = broker.transport(queue, 30)
     try:
