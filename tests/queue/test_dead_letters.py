@@ -43,7 +43,7 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(
     rows: list[dict[str, Any]] = [json.loads(line) for line in listed.stdout.splitlines()]
     assert len(rows) == 1, listed.stdout
     dead = rows[0]
-    assert dead["id"] == "order-7" and dead["broker_id"], dead
+    assert dead["id"] == "order-7" and dead["broker_id"], dead  # read from the stored body
     assert dead["kind"] == "malformed" and "512" in dead["reason"], dead
     plain = _cli(broker, queue)
     assert f"broker_id={dead['broker_id']} id=order-7 kind=malformed" in plain.stdout, plain.stdout
@@ -51,7 +51,10 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(
         # The stored dead letter itself names both ids (whatever else the broker keeps beside it);
         # reading it back on SQS and RabbitMQ takes it off the queue, so there it is checked below.
         stored = broker.dead(queue)
-        assert stored[0]["why"]["id"] == "order-7" and stored[0]["why"]["broker_id"] == dead["broker_id"]
+        # PostgreSQL never reads a body over the limit into the consumer (the table copies it to
+        # the dead-letter table), so the consumer's stored reason cannot name its id.
+        want_id = None if broker.name == "postgres" else "order-7"
+        assert stored[0]["why"]["id"] == want_id and stored[0]["why"]["broker_id"] == dead["broker_id"]
 
     unknown = _cli(broker, queue, "--requeue", "no-such-id")
     assert unknown.returncode == 2, unknown.stderr
