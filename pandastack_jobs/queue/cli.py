@@ -40,7 +40,7 @@ brokers:
   postgresql://user@127.0.0.1:5432/db?queue=jobs&table=pandastack_queue
   amqp://guest:guest@127.0.0.1:5672/%2F?queue=jobs
   sqs://jobs?region=eu-west-1                (endpoint_url=... for an SQS-compatible server)
-  kafka://127.0.0.1:9092?topic=jobs&group=workers   (order=key: one tenant's messages in order)
+  kafka://127.0.0.1:9092?topic=jobs&group=pandastack   (order=key: one tenant's messages in order)
   memory://jobs                              (this process only: for trying things out)
 """
 
