@@ -59,6 +59,7 @@ from .transport import (
     LeaseLost,
     Transport,
     UnknownDeadLetter,
+    body_string,
     record,
 )
 
@@ -714,13 +715,8 @@ def dead_reason(headers: list[tuple[str, bytes]] | None) -> dict[str, Any]:
 
 
 def _tenant(body: bytes) -> str | None:
-    """The message's ``tenant``, when it is a JSON object with a string one (else no key)."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, or nested past the parser (the consumer refuses it)
-        return None
-    tenant = doc.get("tenant") if isinstance(doc, dict) else None
-    return tenant if isinstance(tenant, str) and tenant else None
+    """The message's ``tenant``, when it is a JSON object with a non-empty string one (else no key)."""
+    return body_string(body, "tenant") or None
 
 
 def _headers(m: Message) -> dict[str, str]:

@@ -100,14 +100,21 @@ class DeadLetterRecord:
         return out
 
 
+def body_string(body: bytes, name: str) -> str | None:
+    """The string field ``name`` of a JSON-object body, else None; never raises: the body is the
+    producer's (not JSON, not UTF-8, or nested past the parser: RecursionError)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    found = doc.get(name) if isinstance(doc, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def correlation_id(body: bytes) -> str | None:
     """The ``id`` a producer put in the JSON body, if any (bounded; never raises)."""
-    try:
-        doc = json.loads(body[: 1024 * 1024])
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: a hostile nesting
-        return None
-    found = doc.get("id") if isinstance(doc, dict) else None
-    return found[:256] if isinstance(found, str) else None
+    found = body_string(body[: 1024 * 1024], "id")
+    return found[:256] if found is not None else None
 
 
 def record(broker_id: str, body: bytes, why: dict[str, Any], at: float | None) -> DeadLetterRecord:
