@@ -189,7 +189,7 @@ class SandboxManager:
         if "pids" in self.cgroups.missing:
             log.warning("isolation: NO process-count limit: a fork bomb is not contained")
         self._tasks.append(asyncio.create_task(self._ttl_loop()))
-        if self.admission.guarded:
+        if self.admission.guarded or not self.server_protected:  # a guard, or scores to keep ahead
             self._tasks.append(asyncio.create_task(self._pressure_loop()))
         if self.config.pool_size > 0:
             for name in ("code-interpreter", "base"):
@@ -382,7 +382,11 @@ class SandboxManager:
             await asyncio.sleep(PRESSURE_SCAN_SECONDS)
             try:
                 occupants = self._occupants()
-                plan = await asyncio.to_thread(self.admission.relieve, occupants)
+                plan = (
+                    await asyncio.to_thread(self.admission.relieve, occupants)
+                    if self.admission.guarded
+                    else []
+                )
                 if plan:
                     await self._carry_out(plan, self.admission.last_total_mb or 0)
                 if not self.server_protected:  # no floor: put lowered scores back ahead
@@ -393,7 +397,14 @@ class SandboxManager:
     def _keep_ahead(self, occupants: list[Occupant]) -> None:
         """A server that could not lower its own OOM score set no floor for its sandboxes
         (``process.keep_ahead``): raise what a job lowered, each pass, and say so once a pass."""
-        raised = sum(keep_ahead(o.name, self.cgroups.pids(o.name)) for o in occupants)
+        raised = 0
+        for o in occupants:
+            sb = self.sandboxes.get(o.name)
+            if self.cgroups.bases or sb is None:
+                raised += keep_ahead(o.name, self.cgroups.pids(o.name))
+            else:  # no cgroups (a non-root server on cgroup v1): the launcher's process tree
+                pid = sb.process.pid
+                raised += keep_ahead(o.name, host_descendants(pid), launcher=pid)
         if raised:
             log.warning("memory guard: raised %d sandbox process(es) back to oom_score_adj 800", raised)
 

@@ -82,12 +82,15 @@ JOIN_CGROUPS = 'echo "$PS_CGROUPS" | while read -r f; do echo $$ > "$f"; done; u
 OOM_AHEAD = f"echo {SANDBOX_OOM_SCORE_ADJ} > /proc/self/oom_score_adj 2>/dev/null; "
 
 
-def keep_ahead(name: str, pids: list[int], floor: int = SANDBOX_OOM_SCORE_ADJ) -> int:
+def keep_ahead(
+    name: str, pids: list[int], floor: int = SANDBOX_OOM_SCORE_ADJ, launcher: int | None = None
+) -> int:
     """Raise back to ``floor`` the OOM score of every process of sandbox ``name`` that lowered
     its own (or its agent's): a server that may not lower its own score sets no floor
     (``oom_score_adj_min`` needs CAP_SYS_RESOURCE), so without this a job can stand level with the
-    server. Each process is pinned by a ``/proc/<pid>`` descriptor and checked to be in the
-    sandbox's cgroup before the write, so a reused pid is never touched. How many were raised."""
+    server. Each process is pinned by a ``/proc/<pid>`` descriptor and checked to be the
+    sandbox's before the write (in its cgroup; on a host without cgroups, below its ``launcher``),
+    so a reused pid is never touched. How many were raised."""
     raised = 0
     for pid in pids:
         try:
@@ -96,7 +99,11 @@ def keep_ahead(name: str, pids: list[int], floor: int = SANDBOX_OOM_SCORE_ADJ) -
             continue
         try:
             adj = _read_at(fd, "oom_score_adj")
-            if adj is None or int(adj) >= floor or name not in (_read_at(fd, "cgroup") or ""):
+            if adj is None or int(adj) >= floor:
+                continue
+            if launcher is None and name not in (_read_at(fd, "cgroup") or ""):
+                continue
+            if launcher is not None and not _descends_from(_read_at(fd, "stat"), launcher):
                 continue
             out = os.open("oom_score_adj", os.O_WRONLY, dir_fd=fd)
             try:
@@ -109,6 +116,25 @@ def keep_ahead(name: str, pids: list[int], floor: int = SANDBOX_OOM_SCORE_ADJ) -
         finally:
             os.close(fd)
     return raised
+
+
+def _descends_from(stat_text: str | None, ancestor: int) -> bool:
+    """Whether the process whose ``/proc/<pid>/stat`` is ``stat`` has ``ancestor`` above it. A
+    sandbox's processes stay below its launcher (its pid namespace's init adopts orphans)."""
+    for _ in range(64):  # deeper than any sandbox's tree; a loop guard, never a limit met
+        try:
+            ppid = int((stat_text or "").rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return False
+        if ppid == ancestor:
+            return True
+        if ppid <= 1:
+            return False
+        try:
+            stat_text = Path(f"/proc/{ppid}/stat").read_text()
+        except OSError:
+            return False
+    return False
 
 
 def _read_at(fd: int, name: str) -> str | None:
