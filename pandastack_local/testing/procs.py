@@ -92,6 +92,15 @@ def rss_and_fds() -> tuple[int, int]:
     return rss_kb(), len(os.listdir("/proc/self/fd"))
 
 
+def fd_targets() -> list[str]:
+    """What this process's open descriptors point at (sockets, pipes, files), for a leak report."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return sorted(out)
+
+
 def listening_ports() -> set[int]:
     """TCP ports in LISTEN state on this machine (from /proc/net/tcp{,6})."""
     ports: set[int] = set()

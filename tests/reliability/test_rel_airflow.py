@@ -17,7 +17,7 @@ import pendulum
 from airflow.sdk import DAG
 
 from airflow_provider.operators.sandbox import PandaStackSandboxOperator
-from pandastack_local.testing.procs import rss_and_fds
+from pandastack_local.testing.procs import fd_targets, rss_and_fds
 from tests.reliability.catalogue import (
     CANARY_VALUE,
     FAKE_TOKEN,
@@ -184,9 +184,11 @@ def test_airflow_soak_200_jobs(airflow_env: Any, rel_server: Any) -> None:
     assert warm.state == "success"
     gc.collect()
     rss_warm, fds_warm = rss_and_fds()
+    targets_warm = fd_targets()
     dr = run_dag(soak_dag("rel_soak", SOAK_TOTAL))
     gc.collect()
     rss_end, fds_end = rss_and_fds()
+    new_fds = sorted(set(fd_targets()) - set(targets_warm))
     tis = task_instances(dr)
     values = xcoms(dr)
     assert sorted(ti.state for ti in tis.values()) == ["success"] * SOAK_TOTAL
@@ -194,5 +196,7 @@ def test_airflow_soak_200_jobs(airflow_env: Any, rel_server: Any) -> None:
         {"n": n, "square": n * n} for n in range(SOAK_TOTAL)
     ]
     assert rss_end < rss_warm * 1.05, (rss_warm, rss_end)
-    assert fds_end <= fds_warm + 2, (fds_warm, fds_end)
+    # A leak grows with the 200 jobs; a few pooled connections (HTTP keep-alive, the metadata DB)
+    # come and go with timing (a clean-clone CI run saw 20 -> 23 once): the report names them.
+    assert fds_end <= fds_warm + 5, (fds_warm, fds_end, new_fds)
     assert rel_server.client().sandboxes.list() == []
