@@ -134,11 +134,12 @@ test-nonroot: venvs templates
 # The suites of `make test` after its fast checks, TEST_JOBS at a time: they wait on sandboxes,
 # schedulers and servers far more than they use the CPU, and each is its own pytest process with
 # its own server, state dir, ports and cgroups. Longest first; each leg's output kept whole.
+# -k: one red suite does not stop the others (a red run shows every failure at once).
 TEST_JOBS ?= 3
 TEST_SUITES := test-airflow-provider test-server test-nonroot test-prefect test-fuzz test-core \
 	test-airflow-executor-stack test-airflow-executor
 test-integration: venvs templates
-	$(MAKE) -j$(TEST_JOBS) --output-sync=target $(TEST_SUITES)
+	$(MAKE) -k -j$(TEST_JOBS) --output-sync=target $(TEST_SUITES)
 
 test: test-unit lint typecheck
 	$(MAKE) test-integration
