@@ -11,7 +11,7 @@ PF := .venv-prefect
 CE := .venv-celery
 PYTEST_ARGS ?=
 
-.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-executor test-airflow-executor-stack test-unit test-celery test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
+.PHONY: help wheel venvs templates runsc lint typecheck test test-quick test-integration test-server test-core test-airflow-provider test-airflow-examples test-airflow-executor test-airflow-executor-stack test-unit test-celery test-fuzz test-floors test-conformance test-conformance-airflow test-conformance-prefect test-nonroot test-gvisor test-airflow test-prefect test-reliability test-soak test-e2e demo bench clean
 
 help:
 	@echo "make demo    run the example DAGs and flows on the embedded local PandaStack server"
@@ -100,10 +100,14 @@ EXECUTOR_UNIT_TESTS := tests/airflow/test_airflow_executor.py tests/airflow/test
 EXECUTOR_STACK_TEST := tests/airflow/test_airflow_executor_scheduler.py
 # Three make targets (one pytest process each, its own server and its own copy of the migrated
 # SQLite DB), so that `make -j` runs them side by side.
-test-airflow: test-airflow-provider test-airflow-executor test-airflow-executor-stack
+# The shipped example DAGs run whole (about half the provider's time): a target of their own.
+EXAMPLES_TEST := tests/airflow/test_airflow_examples.py
+test-airflow: test-airflow-provider test-airflow-examples test-airflow-executor test-airflow-executor-stack
 test-airflow-provider: venvs templates
 	$(TIMED) test-airflow-provider $(AF)/bin/python -m pytest -q tests/airflow \
-		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST)) $(PYTEST_ARGS)
+		$(addprefix --ignore=,$(EXECUTOR_UNIT_TESTS) $(EXECUTOR_STACK_TEST) $(EXAMPLES_TEST)) $(PYTEST_ARGS)
+test-airflow-examples: venvs templates
+	$(TIMED) test-airflow-examples $(AF)/bin/python -m pytest -q $(EXAMPLES_TEST) $(PYTEST_ARGS)
 test-airflow-executor: venvs templates
 	$(TIMED) test-airflow-executor $(AF)/bin/python -m pytest -q $(EXECUTOR_UNIT_TESTS) $(PYTEST_ARGS)
 test-airflow-executor-stack: venvs templates
@@ -135,9 +139,9 @@ test-nonroot: venvs templates
 # schedulers and servers far more than they use the CPU, and each is its own pytest process with
 # its own server, state dir, ports and cgroups. Longest first; each leg's output kept whole.
 # -k: one red suite does not stop the others (a red run shows every failure at once).
-TEST_JOBS ?= 3
-TEST_SUITES := test-airflow-provider test-server test-nonroot test-prefect test-fuzz test-core \
-	test-airflow-executor-stack test-airflow-executor
+TEST_JOBS ?= 4
+TEST_SUITES := test-server test-nonroot test-prefect test-airflow-provider test-airflow-examples \
+	test-fuzz test-core test-airflow-executor-stack test-airflow-executor
 test-integration: venvs templates
 	$(MAKE) -k -j$(TEST_JOBS) --output-sync=target $(TEST_SUITES)
 
