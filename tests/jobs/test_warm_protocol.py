@@ -9,6 +9,7 @@ one connection; the runner leaves after its idle limit; what it cannot run warm 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import socket
@@ -122,7 +123,9 @@ def test_a_malformed_request_is_refused(warm_dir: Path, wire: tuple[bytes, int |
     header = HEADER.pack(magic, len(body) if length is None else length)
     with _connect(warm_dir) as conn:
         socket.send_fds(conn, [header], [0, 1, 2])
-        conn.sendall(body)
+        # The runner may refuse on the header alone (the size cap) and close before the body.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.sendall(body)
         reply = _reply(conn)
     assert "error" in reply
     assert runner.wait(10) == 2
