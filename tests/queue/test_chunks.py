@@ -39,18 +39,27 @@ class Peak:
 
     def __init__(self, server: LocalServer, queue: str) -> None:
         self.peak = 0
+        self.error: Exception | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(server, queue), daemon=True)
         self._thread.start()
 
     def _run(self, server: LocalServer, queue: str) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, len(live_sandboxes(server, job_workflow=queue)))
-            time.sleep(0.05)
+        # An error is kept for stop(): a sampler that outlived its test (a slow listing under
+        # load) once raised into a later test's run (the Kafka rebalance test, in CI).
+        try:
+            while not self._done.is_set():
+                self.peak = max(self.peak, len(live_sandboxes(server, job_workflow=queue)))
+                time.sleep(0.05)
+        except Exception as exc:
+            self.error = exc
 
     def stop(self) -> int:
         self._done.set()
-        self._thread.join(5)
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "the sandbox sampler did not stop"
+        if self.error is not None:
+            raise self.error
         return self.peak
 
 
