@@ -58,9 +58,7 @@ from .transport import (
     Delivery,
     LeaseLost,
     Transport,
-    UnknownDeadLetter,
     body_string,
-    record,
 )
 
 logger = logging.getLogger(__name__)
@@ -652,28 +650,24 @@ class KafkaTransport(Transport):
             h = _headers(m)
             if "requeued" in h or h.get("mid") in marked:
                 continue
-            try:
-                why = json.loads(h.get("why") or "{}")
-            except ValueError:
-                why = {}
             mid = h.get("mid") or f"{m.partition()}-{m.offset()}"
             kind, ms = m.timestamp()
             at = ms / 1000 if kind and ms > 0 else None
-            recs.append((m, record(mid, m.value() or b"", why if isinstance(why, dict) else {}, at)))
+            recs.append((m, DeadLetterRecord.stored(mid, m.value() or b"", h.get("why"), at)))
         return recs
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
         """From ``<topic>.dead``, read from the start, leaving out those marked requeued."""
         return [rec for _, rec in self._dead_records()[:limit]]
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """Produce the body (with its key) to ``<topic>``: a new record, a new id, delivery 1; then
         a marker record on ``<topic>.dead`` (header ``requeued``), so the dead letter stays with
         its reason but is not listed again. Killed between the two, a second requeue would
         produce it twice (at least once)."""
         found = next(((m, rec) for m, rec in self._dead_records() if rec.broker_id == broker_id), None)
         if found is None:
-            raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_topic}")
+            return None
         m, rec = found
         self.send(rec.body, key=m.key())
         self._publish(self.dead_topic, b"", m.key(), {"requeued": broker_id})

@@ -14,7 +14,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from .transport import DeadLetter, DeadLetterRecord, Delivery, Transport, UnknownDeadLetter, record
+from .transport import DeadLetter, DeadLetterRecord, Delivery, Transport
 
 
 class MemoryTransport(Transport):
@@ -81,17 +81,15 @@ class MemoryTransport(Transport):
     def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
         with self._lock:
             kept = [d for d in self._dead_store if d[0] not in self.requeued]
-        return [record(mid, body, why.as_dict(), at) for mid, body, why, at in kept[:limit]]
+        return [DeadLetterRecord.stored(mid, body, why.as_dict(), at) for mid, body, why, at in kept[:limit]]
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """A new message with the dead letter's body (a new id, delivery 1); the dead letter stays,
         marked in ``requeued``."""
         with self._lock:
             found = next((d for d in self._dead_store if d[0] == broker_id), None)
             if found is None or broker_id in self.requeued:
-                raise UnknownDeadLetter(
-                    f"no dead letter with broker id {broker_id!r} on memory://{self.name}"
-                )
+                return None
             new = f"m{self._next_id}"
         self.send(found[1], new)
         with self._lock:

@@ -37,6 +37,26 @@ BACKLOG_STATES = ("ready", "delayed", "leased")
 BACKLOG_EVERY_SECONDS = 5.0
 # A producer-written send time further from now than this is not believed (a clock or a forgery).
 MAX_LATENCY_SECONDS = 30 * 24 * 3600.0
+# The consumer's histograms: name -> (help, buckets). Declared in one table and made by one
+# helper (ConsumerMetrics.__init__), each in the consumer's own registry.
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "pandastack_queue_message_deliveries": (
+        "The delivery count of each message received (1: its first delivery).",
+        (1, 2, 3, 5, 10, 20),
+    ),
+    "pandastack_queue_job_duration_seconds": (
+        "One job's run (create to delete), by outcome class.",
+        (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+    ),
+    "pandastack_queue_end_to_end_seconds": (
+        "From the message's first enqueue to its ack (where the broker tells the enqueue time).",
+        (0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    ),
+    "pandastack_queue_chunk_size": (
+        "Messages run in one sandbox (1 unless --chunk-size > 1).",
+        (1, 2, 4, 8, 16, 32),
+    ),
+}
 SYSTEMS = {
     "RedisStreamsTransport": "redis",
     "PostgresTransport": "postgresql",
@@ -105,12 +125,12 @@ class ConsumerMetrics(Observer):
         self.consumer = consumer
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.deliveries = Histogram(
-            "pandastack_queue_message_deliveries",
-            "The delivery count of each message received (1: its first delivery).",
-            buckets=(1, 2, 3, 5, 10, 20),
-            registry=reg,
-        )
+
+        def histogram(name: str, *labels: str) -> Histogram:
+            doc, buckets = HISTOGRAMS[name]
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg)
+
+        self.deliveries = histogram("pandastack_queue_message_deliveries")
         self.dead = Counter(
             "pandastack_queue_messages_dead_lettered",
             "Messages dead-lettered, by the kind of failure.",
@@ -119,27 +139,11 @@ class ConsumerMetrics(Observer):
         )
         for kind in ("malformed", "max_deliveries"):
             self.dead.labels(kind)
-        self.duration = Histogram(
-            "pandastack_queue_job_duration_seconds",
-            "One job's run (create to delete), by outcome class.",
-            ["outcome"],
-            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
-            registry=reg,
-        )
+        self.duration = histogram("pandastack_queue_job_duration_seconds", "outcome")
         for outcome in OUTCOMES:
             self.duration.labels(outcome)
-        self.latency = Histogram(
-            "pandastack_queue_end_to_end_seconds",
-            "From the message's first enqueue to its ack (where the broker tells the enqueue time).",
-            buckets=(0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
-            registry=reg,
-        )
-        self.chunks = Histogram(
-            "pandastack_queue_chunk_size",
-            "Messages run in one sandbox (1 unless --chunk-size > 1).",
-            buckets=(1, 2, 4, 8, 16, 32),
-            registry=reg,
-        )
+        self.latency = histogram("pandastack_queue_end_to_end_seconds")
+        self.chunks = histogram("pandastack_queue_chunk_size")
         self.errors = Counter(
             "pandastack_queue_broker_errors",
             "Transport calls that found the broker unavailable.",

@@ -23,16 +23,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from .transport import (
-    BrokerUnavailable,
-    DeadLetter,
-    DeadLetterRecord,
-    Delivery,
-    LeaseLost,
-    Transport,
-    UnknownDeadLetter,
-    record,
-)
+from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, LeaseLost, Transport
 
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
@@ -168,12 +159,9 @@ class PostgresTransport(Transport):
             " WHERE queue = %s AND requeued_as IS NULL ORDER BY id LIMIT %s"
         ).format(dead=self._dead)
         rows = self._exec(query, (self.name, limit))
-        return [
-            record(mid, bytes(body), why if isinstance(why, dict) else {}, float(at))
-            for mid, body, why, at in rows
-        ]
+        return [DeadLetterRecord.stored(mid, bytes(body), why, float(at)) for mid, body, why, at in rows]
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """In one statement: a new row with the dead letter's body (a new id, delivery 1), and the
         dead row kept, marked ``requeued_as`` the new id (its reason is the message's history)."""
         query = sql.SQL(
@@ -185,9 +173,7 @@ class PostgresTransport(Transport):
             " SELECT id::text FROM ins"
         ).format(dead=self._dead, t=self._t)
         rows = self._exec(query, (self.name, broker_id, self.name))
-        if not rows:
-            raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} in {self._table}_dead")
-        return str(rows[0][0])
+        return str(rows[0][0]) if rows else None
 
     def extend(self, delivery: Delivery) -> None:
         query = sql.SQL(

@@ -40,15 +40,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 
-from .transport import (
-    BrokerUnavailable,
-    DeadLetter,
-    DeadLetterRecord,
-    Delivery,
-    Transport,
-    UnknownDeadLetter,
-    record,
-)
+from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -270,13 +262,9 @@ class RabbitMQTransport(Transport):
             if method is None:
                 break
             headers = props.headers or {}
-            try:
-                why = dead_reason(headers)
-            except ValueError:
-                why = {}
             mid = headers.get(_MID) or props.message_id or f"tag-{method.delivery_tag}"
             mid = mid.decode() if isinstance(mid, bytes) else str(mid)
-            rec = record(mid, body, why if isinstance(why, dict) else {}, None)
+            rec = DeadLetterRecord.stored(mid, body, headers.get("x-pandastack-dead"), None)
             got.append((method.delivery_tag, body, rec))
         return got
 
@@ -290,7 +278,7 @@ class RabbitMQTransport(Transport):
         self._unhide([tag for tag, _, _ in got])
         return [rec for _, _, rec in got]
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """Publish the body to ``<queue>`` (a consumer gives it a new id on its way to the work
         queue: delivery 1), then ack the dead letter: AMQP cannot mark it, so its reason is logged
         as the message's history. Returns "" (the new id is given when a consumer takes it)."""
@@ -298,7 +286,7 @@ class RabbitMQTransport(Transport):
         match = next(((tag, body, rec) for tag, body, rec in got if rec.broker_id == broker_id), None)
         try:
             if match is None:
-                raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_queue}")
+                return None
             tag, body, rec = match
             props = pika.BasicProperties(delivery_mode=2, timestamp=int(time.time()))
             self._call(self._ch.basic_publish, "", self.name, body, props)

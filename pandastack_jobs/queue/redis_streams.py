@@ -26,15 +26,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 
-from .transport import (
-    BrokerUnavailable,
-    DeadLetter,
-    DeadLetterRecord,
-    Delivery,
-    Transport,
-    UnknownDeadLetter,
-    record,
-)
+from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -244,13 +236,10 @@ class RedisStreamsTransport(Transport):
 
     @staticmethod
     def _record(eid: bytes, fields: dict[bytes, bytes]) -> DeadLetterRecord:
-        try:
-            why = json.loads(fields.get(b"why") or b"{}")
-        except ValueError:
-            why = {}
-        why = why if isinstance(why, dict) else {}
         at = int(_text(eid).split("-")[0]) / 1000
-        return record(_text(fields.get(b"mid")), fields.get(b"body", b""), why, at)
+        return DeadLetterRecord.stored(
+            _text(fields.get(b"mid")), fields.get(b"body", b""), fields.get(b"why"), at
+        )
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetterRecord]:
         """From ``<stream>:dead``, leaving out those marked in ``<stream>:dead:requeued``."""
@@ -261,7 +250,7 @@ class RedisStreamsTransport(Transport):
                 break
         return out
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """A new entry with the dead letter's body; the dead entry stays, marked requeued (its
         reason is the message's history) in ``<stream>:dead:requeued`` (dead entry id -> new id)."""
         for eid, rec in self._dead_entries():
@@ -269,7 +258,7 @@ class RedisStreamsTransport(Transport):
                 new = self._call(self._requeue, keys=[self.stream, self._requeued], args=[eid, rec.body])
                 if new:
                     return _text(new)
-        raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.dead_stream}")
+        return None
 
     def extend(self, delivery: Delivery) -> None:
         # XCLAIM to ourselves resets the entry's idle time; JUSTID leaves its delivery count alone.

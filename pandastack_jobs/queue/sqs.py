@@ -23,16 +23,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from .transport import (
-    BrokerUnavailable,
-    DeadLetter,
-    DeadLetterRecord,
-    Delivery,
-    LeaseLost,
-    Transport,
-    UnknownDeadLetter,
-    record,
-)
+from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, LeaseLost, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -163,15 +154,12 @@ class SQSTransport(Transport):
             for m in fresh:
                 seen.add(m["MessageId"])
                 attrs = m.get("MessageAttributes", {})
-                try:
-                    why = json.loads(attrs.get("why", {}).get("StringValue") or "{}")
-                except ValueError:
-                    why = {}
+                why = attrs.get("why", {}).get("StringValue")
                 mid = attrs.get("message_id", {}).get("StringValue") or m["MessageId"]
                 sent = m.get("Attributes", {}).get("SentTimestamp")
                 at = int(sent) / 1000 if sent else None
                 body = str(m["Body"]).encode()
-                got.append((m, record(mid, body, why if isinstance(why, dict) else {}, at)))
+                got.append((m, DeadLetterRecord.stored(mid, body, why, at)))
         return got
 
     def _unhide(self, messages: list[dict[str, Any]]) -> None:
@@ -189,14 +177,14 @@ class SQSTransport(Transport):
         self._unhide([m for m, _ in got])
         return [rec for _, rec in got]
 
-    def requeue(self, broker_id: str) -> str:
+    def _put_back(self, broker_id: str) -> str | None:
         """``SendMessage`` of the body to ``QUEUE`` (a new ``MessageId``, delivery 1), then the dead
         letter is deleted: SQS cannot mark it, so its reason is logged as the message's history."""
         got = self._peek_dead(10_000)
         try:
             found = next(((m, rec) for m, rec in got if rec.broker_id == broker_id), None)
             if found is None:
-                raise UnknownDeadLetter(f"no dead letter with broker id {broker_id!r} on {self.name}-dead")
+                return None
             m, rec = found
             sent = self._call("send_message", QueueUrl=self.urls["queue"], MessageBody=m["Body"])
             self._call("delete_message", QueueUrl=self.urls["dead"], ReceiptHandle=m["ReceiptHandle"])

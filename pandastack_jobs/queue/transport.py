@@ -99,6 +99,33 @@ class DeadLetterRecord:
         out["body"] = self.body.decode("utf-8", "replace")
         return out
 
+    @classmethod
+    def stored(
+        cls, broker_id: str, body: bytes, why: dict[str, Any] | str | bytes | None, at: float | None
+    ) -> DeadLetterRecord:
+        """The record of a stored body and its ``why``: the :meth:`DeadLetter.to_json` text as the
+        broker kept it, or already parsed. Any shape is read (a dead letter an older consumer or
+        the broker itself wrote has fewer fields; one that is not a JSON object, none), so every
+        transport reads its store the same way."""
+        if not isinstance(why, dict):
+            try:
+                why = json.loads(why or "{}")
+            # UnicodeDecodeError is a ValueError; TypeError: a header of another type (AMQP's).
+            except (TypeError, ValueError, RecursionError):
+                why = {}
+        fields: dict[str, Any] = why if isinstance(why, dict) else {}
+        deliveries, ident, field_ = fields.get("deliveries"), fields.get("id"), fields.get("field")
+        return cls(
+            broker_id=str(fields.get("broker_id") or broker_id),
+            id=ident if isinstance(ident, str) else correlation_id(body),
+            kind=str(fields.get("kind") or "unknown"),
+            reason=str(fields.get("reason") or "(no reason recorded)"),
+            field=field_ if isinstance(field_, str) else None,
+            deliveries=deliveries if isinstance(deliveries, int) else 0,
+            at=at,
+            body=body,
+        )
+
 
 def body_string(body: bytes, name: str) -> str | None:
     """The string field ``name`` of a JSON-object body, else None; never raises: the body is the
@@ -115,23 +142,6 @@ def correlation_id(body: bytes) -> str | None:
     """The ``id`` a producer put in the JSON body, if any (bounded; never raises)."""
     found = body_string(body[: 1024 * 1024], "id")
     return found[:256] if found is not None else None
-
-
-def record(broker_id: str, body: bytes, why: dict[str, Any], at: float | None) -> DeadLetterRecord:
-    """A :class:`DeadLetterRecord` from a stored body and its ``why`` JSON (any shape: a dead
-    letter an older consumer or the broker itself wrote has fewer fields)."""
-    deliveries = why.get("deliveries")
-    ident = why.get("id")
-    return DeadLetterRecord(
-        broker_id=str(why.get("broker_id") or broker_id),
-        id=ident if isinstance(ident, str) else correlation_id(body),
-        kind=str(why.get("kind") or "unknown"),
-        reason=str(why.get("reason") or "(no reason recorded)"),
-        field=why.get("field") if isinstance(why.get("field"), str) else None,
-        deliveries=deliveries if isinstance(deliveries, int) else 0,
-        at=at,
-        body=body,
-    )
 
 
 class Transport(ABC):
@@ -204,7 +214,19 @@ class Transport(ABC):
         """Put the dead letter of ``broker_id`` back on the queue as a NEW message (a fresh broker
         id, delivery count from 1) and return the new broker id where the broker tells it (else
         ""). The dead letter's reason stays in the dead-letter store, marked requeued, or where
-        the broker cannot mark it, in the log. Raises :class:`UnknownDeadLetter`."""
+        the broker cannot mark it, in the log. Raises :class:`UnknownDeadLetter` (one message for
+        every broker) when :meth:`_put_back` finds none."""
+        new = self._put_back(broker_id)
+        if new is None:
+            raise UnknownDeadLetter(
+                f"no dead letter of queue {self.name!r} has broker id {broker_id!r}"
+                " (`pandastack-jobs dead-letters --broker URL` lists them)"
+            )
+        return new
+
+    def _put_back(self, broker_id: str) -> str | None:
+        """The broker's part of :meth:`requeue`: the new broker id (or ""), or None when no dead
+        letter still waiting has ``broker_id`` (none, or already requeued)."""
         raise DeadLettersUnsupported(f"{type(self).__name__}: requeueing dead letters is not supported")
 
     def lost(self, delivery: Delivery) -> bool:

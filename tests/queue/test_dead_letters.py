@@ -80,3 +80,23 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(
         start_consumer(until=lambda s: s.dead_lettered >= 1, max_message_bytes=512).join(60)
         (stored,) = broker.dead(queue)
         assert stored["why"]["id"] == "order-8" and stored["why"]["broker_id"], stored
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_stored_reason_of_any_shape_is_listed_never_a_traceback(broker: Broker, queue: str) -> None:
+    """Whoever can write the dead-letter store (a producer with the broker's write access, an old
+    consumer) can store any ``why``: nested past the parser, not JSON, not an object. Each is
+    listed, kind ``unknown``, and the CLI exits 0. Seen failing before the transports shared
+    ``DeadLetterRecord.stored`` (each parsed its store itself, catching ValueError only): the
+    nested one raised RecursionError out of ``dead-letters`` (a traceback, exit 1)."""
+    r = broker.r  # type: ignore[attr-defined]
+    for mid, why in (("deep", b"[" * 100_000), ("text", b"not json"), ("list", b"[1, 2]")):
+        r.xadd(f"{queue}:dead", {"body": b'{"id": "x"}', "mid": mid, "why": why})
+    listed = _cli(broker, queue, "--json")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(d["broker_id"], d["kind"], d["id"]) for d in rows] == [
+        ("deep", "unknown", "x"),
+        ("text", "unknown", "x"),
+        ("list", "unknown", "x"),
+    ], rows

@@ -11,8 +11,10 @@ own disk (tmpfs: page cache that cannot be dropped), ``/dev/shm``, and a forked 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,17 @@ class Tracker:
     samples: list[tuple[float, int | None]] = field(default_factory=list)
     last: dict[str, Any] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        """Stop polling (idempotent); the samples are complete once this returns."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(5)
 
     def run(self) -> None:
         with httpx.Client(timeout=5) as http:
@@ -119,6 +132,49 @@ def _needs_memory_cgroup(server: Any) -> None:
         pytest.skip("no memory cgroup (a non-root server on cgroup v1): usage cannot be measured")
 
 
+@dataclass
+class Crowd:
+    """A server under a lowered memory budget, its /healthz tracker (not yet started) and its
+    sandboxes: ``neighbour`` (the honest one) and ``others``, each with /work/grow.py."""
+
+    server: Any
+    tracker: Tracker
+    neighbour: Any
+    others: list[Any]
+
+
+@contextlib.contextmanager
+def _crowd(
+    make_local_server: Callable[..., Any],
+    make_template: Callable[..., Any],
+    *,
+    others: int,
+    budget_mb: int,
+    disk_mb: int,
+) -> Iterator[Crowd]:
+    """The set-up both crowd tests share. On the way out, whatever happened, the tracker stops
+    and every sandbox made here is killed (the server's fixture stops the server)."""
+    roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=disk_mb)
+    server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=budget_mb)
+    _needs_memory_cgroup(server)
+    client = server.client()
+    boxes: list[Any] = []
+    tracker = Tracker(server.url)
+    try:
+        for _ in range(1 + others):
+            boxes.append(client.sandboxes.create(template="roomy"))
+        for sb in boxes:
+            sb.filesystem.write("/work/grow.py", GROW)
+        yield Crowd(server, tracker, boxes[0], boxes[1:])
+    finally:
+        tracker.finish()
+        for sb in boxes:
+            try:
+                sb.kill()
+            except pandastack.NotFoundError:
+                pass
+
+
 def _run(sb: Any, cmd: str) -> Any:
     try:
         return sb.exec(cmd, timeout_seconds=90)
@@ -141,29 +197,19 @@ def test_the_guard_stops_the_attackers_never_the_neighbour(
     """Seen failing on the old guard (fair share = budget / all sandboxes, so idle attackers shrank
     it to 58 MB): it held each grower at its use (nothing reclaimed), the total stayed over the
     budget, and it moved on to the neighbour, whose next allocation was OOM-killed (exit 137)."""
-    roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=1024)
-    server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=BUDGET_MB)
-    _needs_memory_cgroup(server)
-    client = server.client()
-    boxes: list[Any] = []
-    tracker = Tracker(server.url)
-    watcher = threading.Thread(target=tracker.run, daemon=True)
-    try:
-        for _ in range(1 + IDLE_ATTACKERS):
-            boxes.append(client.sandboxes.create(template="roomy"))
-        neighbour, *attackers = boxes
+    with _crowd(
+        make_local_server, make_template, others=IDLE_ATTACKERS, budget_mb=BUDGET_MB, disk_mb=1024
+    ) as crowd:
+        server, tracker, neighbour, attackers = crowd.server, crowd.tracker, crowd.neighbour, crowd.others
         growers = attackers[:GROWERS]
-        for sb in [neighbour, *growers]:
-            sb.filesystem.write("/work/grow.py", GROW)
-        watcher.start()
+        tracker.start()
         with concurrent.futures.ThreadPoolExecutor(1 + GROWERS) as pool:
             calm = pool.submit(_run, neighbour, f"python3 /work/grow.py steady {NEIGHBOUR_MB} 8")
             time.sleep(0.5)  # the neighbour holds its memory first: it is no newcomer
             grown = [pool.submit(_run, sb, f"python3 /work/grow.py {kind} {GROW_MB} 8") for sb in growers]
             outcome = calm.result()
             outcomes = [f.result() for f in grown]
-        tracker.stop.set()
-        watcher.join(5)
+        tracker.finish()
         assert not isinstance(outcome, Exception), outcome
         assert outcome.exit_code == 0 and outcome.stdout.strip() == f"held {NEIGHBOUR_MB}", outcome
         stopped = [o for o in outcomes if _stopped(o)]
@@ -183,13 +229,6 @@ def test_the_guard_stops_the_attackers_never_the_neighbour(
         for sb in [neighbour, *attackers[GROWERS:]]:
             assert sb.exec("echo ok").stdout == "ok\n"
         assert server.running()
-    finally:
-        tracker.stop.set()
-        for sb in boxes:
-            try:
-                sb.kill()
-            except pandastack.NotFoundError:
-                pass
 
 
 def _cgroups(pid: int) -> str:
@@ -306,31 +345,21 @@ def test_idle_holders_are_reclaimed_before_a_neighbours_running_job(make_local_s
     the holders are stopped whole (never a "job" stop, which frees nothing of theirs) and the
     neighbour finishes. Seen failing before: the guard stopped the neighbour's job (exit 137) and
     the holders kept their memory. Peak about 1 GB."""
-    roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=256)
-    server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=HOLDERS_BUDGET_MB)
-    _needs_memory_cgroup(server)
-    client = server.client()
-    boxes: list[Any] = []
-    tracker = Tracker(server.url)
-    watcher = threading.Thread(target=tracker.run, daemon=True)
-    try:
-        for _ in range(1 + HOLDERS):
-            boxes.append(client.sandboxes.create(template="roomy"))
-        neighbour, *holders = boxes
-        for sb in boxes:
-            sb.filesystem.write("/work/grow.py", GROW)
+    with _crowd(
+        make_local_server, make_template, others=HOLDERS, budget_mb=HOLDERS_BUDGET_MB, disk_mb=256
+    ) as crowd:
+        server, tracker, neighbour, holders = crowd.server, crowd.tracker, crowd.neighbour, crowd.others
         for sb in holders:  # the file stays; the job that wrote it ends
             out = sb.exec(f"python3 /work/grow.py file {HOLDER_FILE_MB} 0")
             assert out.exit_code == 0, out
-        watcher.start()
+        tracker.start()
         deadline = time.monotonic() + 10
         while not tracker.samples and time.monotonic() < deadline:
             time.sleep(0.1)
         before = tracker.samples[-1][1]
         assert before is not None and before < HOLDERS_BUDGET_MB, (before, "the holders alone fit")
         outcome = _run(neighbour, f"python3 /work/grow.py steady {HOLDERS_NEIGHBOUR_MB} 6")
-        tracker.stop.set()
-        watcher.join(5)
+        tracker.finish()
         assert not isinstance(outcome, Exception), (outcome, server.log_tail(40))
         assert outcome.exit_code == 0 and outcome.stdout.strip() == f"held {HOLDERS_NEIGHBOUR_MB}", (
             outcome,
@@ -350,10 +379,3 @@ def test_idle_holders_are_reclaimed_before_a_neighbours_running_job(make_local_s
         assert gone == guard["sandboxes_stopped"], (gone, guard)
         assert "MB: sandbox, no job running)" in server.log_tail(400)
         assert neighbour.exec("echo ok").stdout == "ok\n"
-    finally:
-        tracker.stop.set()
-        for sb in boxes:
-            try:
-                sb.kill()
-            except pandastack.NotFoundError:
-                pass

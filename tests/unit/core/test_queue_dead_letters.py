@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pandastack_jobs.queue.memory import MemoryTransport
-from pandastack_jobs.queue.transport import DeadLettersUnsupported, UnknownDeadLetter
+from pandastack_jobs.queue.transport import DeadLetterRecord, DeadLettersUnsupported, UnknownDeadLetter
 from pandastack_jobs.testing import FakeClient
 from pandastack_local.testing.waiting import wait_for
 from tests.unit.core.test_queue_outage import _start, _stop
@@ -28,7 +28,8 @@ def test_a_dead_letter_is_listed_with_both_ids_and_requeued_as_delivery_1(fake: 
     assert (dead.broker_id, dead.id, dead.kind) == ("m0", "order-7", "malformed")
     assert t.dead[0][1].id == "order-7" and t.dead[0][1].broker_id == "m0"  # the stored one names both
 
-    with pytest.raises(UnknownDeadLetter, match="no-such-id"):
+    # One message for every transport (the base class raises it): the queue, the id, how to list.
+    with pytest.raises(UnknownDeadLetter, match=r"queue 'mem' has broker id 'no-such-id'.*dead-letters"):
         t.requeue("no-such-id")
     new = t.requeue("m0")
     assert new != "m0" and t.dead_letters() == []
@@ -50,3 +51,35 @@ def test_a_transport_without_dead_letters_names_itself() -> None:
 
     with pytest.raises(DeadLettersUnsupported, match="Bare"):
         Bare().dead_letters()
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        b"[" * 100_000,  # nested past the parser: RecursionError
+        "not json",
+        b"\xff\xfe",  # not UTF-8
+        "[1, 2]",  # JSON, not an object
+        7,  # an AMQP header of another type
+        None,
+    ],
+)
+def test_a_stored_reason_of_any_shape_reads_as_unknown(why: object) -> None:
+    """Every transport reads its store through ``DeadLetterRecord.stored``; whatever the store
+    holds, it is a record (kind ``unknown``, the id from the body), never an exception."""
+    rec = DeadLetterRecord.stored("b-1", b'{"id": "order-7"}', why, None)  # type: ignore[arg-type]
+    assert (rec.broker_id, rec.id, rec.kind, rec.deliveries) == ("b-1", "order-7", "unknown", 0)
+
+
+@pytest.mark.parametrize("as_stored", [json.dumps, lambda d: json.dumps(d).encode(), lambda d: d])
+def test_a_stored_reason_is_read_from_its_json_or_its_dict(as_stored: object) -> None:
+    why = {"kind": "timeout", "reason": "ran 30 s", "deliveries": 3, "id": "o-1", "broker_id": "b-9"}
+    rec = DeadLetterRecord.stored("b-1", b"{}", as_stored(why), 12.5)  # type: ignore[operator]
+    assert (rec.broker_id, rec.id, rec.kind, rec.reason, rec.deliveries, rec.at) == (
+        "b-9",
+        "o-1",
+        "timeout",
+        "ran 30 s",
+        3,
+        12.5,
+    )
