@@ -45,6 +45,40 @@ JOB_OPTIONS: dict[str, Any] = {
 }
 
 
+# The ~30 ms Python job of the worker benchmarks (issue 37: benchmarks/kafka.py, benchmarks/celery.py):
+# one function, run in-process by a plain Celery task and as a function job (its source in a fresh
+# sandbox) by a sandbox task and by the Kafka consumer's messages, so every variant runs the same body.
+SPIN_ROWS = list(range(100))
+WORKER_TEMPLATE = "base"  # a plain python3, as a Celery pool process has
+SPIN_ITERATIONS = 400_000  # about 30 ms of CPython on this project's 2-core machines
+
+
+def spin_job(rows: list[int], iterations: int) -> dict[str, int]:
+    """Sum the rows after ~30 ms of arithmetic."""
+    spin = 0
+    for i in range(iterations):
+        spin += i & 7
+    return {"total": sum(rows), "n": len(rows), "spin": spin}
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of its children it has waited for (utime, stime, cutime, cstime)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process tree so far: the process with its reaped children, plus every live
+    descendant with its own (a sandbox that exits is counted by whoever waits for it)."""
+    from pandastack_local.testing.procs import descendants
+
+    return proc_cpu_s(pid) + sum(proc_cpu_s(p) for p in descendants(pid))
+
+
 def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p99 of 60 samples is the largest but one)."""
     ordered = sorted(values)
