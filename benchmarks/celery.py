@@ -27,7 +27,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import SPIN_ITERATIONS, SPIN_ROWS, log, machine, pct, ratio, tree_cpu_s, write_json
+from benchmarks.common import (
+    SPIN_ITERATIONS,
+    SPIN_ROWS,
+    ServerCpu,
+    log,
+    machine,
+    pct,
+    ratio,
+    tree_cpu_s,
+    write_json,
+)
 from benchmarks.options import int_options
 from benchmarks.redis_server import RedisServer
 
@@ -95,6 +105,7 @@ def main() -> None:
         }
         server_pid = server.pid
         assert server_pid is not None
+        server_cpu = ServerCpu(server_pid)
         app = Celery("bench", broker=f"{url}/0", backend=f"{url}/1", set_as_current=False)
         for c in LEVELS:
             for variant in VARIANTS:
@@ -102,7 +113,7 @@ def main() -> None:
                 worker = start_worker(variant, c, env, queue, logs / f"{queue}.log")
                 try:
                     one_run(app, variant, 2 * c, queue, args.iterations)  # warm-up
-                    server0, worker0 = tree_cpu_s(server_pid), tree_cpu_s(worker.pid)
+                    server0, worker0 = server_cpu.seconds(), tree_cpu_s(worker.pid)
                     for _ in range(args.rounds):
                         time.sleep(0.5)  # the server's warm pool refills
                         runs.setdefault(f"{variant} c{c}", []).append(
@@ -110,7 +121,7 @@ def main() -> None:
                         )
                     tasks = args.n * args.rounds
                     cpu[f"{variant} c{c}"] = {
-                        "server_ms": round((tree_cpu_s(server_pid) - server0) / tasks * 1000, 1),
+                        "server_ms": round((server_cpu.seconds() - server0) / tasks * 1000, 1),
                         "worker_ms": round((tree_cpu_s(worker.pid) - worker0) / tasks * 1000, 1),
                     }
                 finally:
@@ -119,9 +130,13 @@ def main() -> None:
                 log(f"celery: {variant} c{c} done, load average {[round(x, 2) for x in os.getloadavg()]}")
         app.close()
         assert server.client().sandboxes.list() == [], "a variant leaked a sandbox"
+    server_cpu.close()
     end = machine()
     data = report(runs, cpu, args.n)
-    data.update(machine=start, finished=end, n=args.n, rounds=args.rounds, iterations=args.iterations)
+    data.update(
+        machine=start, finished=end, n=args.n, rounds=args.rounds, iterations=args.iterations,
+        server_cpu=server_cpu.method,
+    )  # fmt: skip
     log(f"celery written to {write_json('celery', data)}")
     for lv in data["levels"]:
         log(

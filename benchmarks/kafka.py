@@ -4,8 +4,8 @@ consumer running the job in-process, at concurrency 1/2/4/8; and what bounds the
 Run in ``.venv-airflow``: ``python -m benchmarks.kafka [--n N --rounds R --iterations I]``. The
 broker is the queue tests' own Kafka (KRaft, one node, on a free loopback port: the starter in
 ``tests/queue/brokers.py``, imported, with its cached jars), beside a ``pandastack_local``. Every
-message is the same ~30 ms Python job as the Celery step's (:func:`benchmarks.common.spin_job`, as
-a function job: its source runs in the sandbox, arguments and result cross as JSON), four tenants:
+message is the same ~30 ms Python job as the Celery step's (:func:`benchmarks.common.spin_job`: its
+source runs in the sandbox, its arguments and result cross as JSON), four tenants:
 
 - ``inprocess cN``: the :class:`~pandastack_jobs.queue.Consumer` with the sandbox swapped for a
   call of the function in the consumer's own process (threads: the GIL is shared), the same
@@ -40,9 +40,11 @@ from benchmarks.common import (
     SPIN_ITERATIONS,
     SPIN_ROWS,
     WORKER_TEMPLATE,
+    ServerCpu,
     log,
     machine,
     pct,
+    proc_cpu_s,
     ratio,
     spin_job,
     tree_cpu_s,
@@ -64,12 +66,32 @@ def self_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def bodies(tag: str, n: int, iterations: int) -> list[tuple[str, bytes]]:
-    """N messages of the job in the ``pandastack-job/1`` format: (correlation id, body)."""
-    from pandastack_jobs.pyfunc import function_job
+MAIN = """
 
-    job = function_job(spin_job, (SPIN_ROWS, iterations))
-    job.pop("result_path")  # the function job's path is the job's default result path
+if __name__ == "__main__":
+    import json, os
+
+    args = json.load(open(os.environ["JOB_INPUT"]))
+    json.dump(spin_job(args["rows"], args["iterations"]), open(os.environ["JOB_RESULT"], "w"))
+"""
+
+
+def spin_message_job(iterations: int) -> dict[str, Any]:
+    """The message's job: :func:`spin_job`'s own source as a script with relative paths and the
+    ``JOB_INPUT``/``JOB_RESULT`` the core gives every job (a function job's fixed ``/work`` paths
+    would collide between the mates of a chunk, each in its own directory)."""
+    from pandastack_jobs.pyfunc import function_source
+
+    script = "from __future__ import annotations\n\n" + function_source(spin_job) + MAIN
+    return {
+        "command": "python3 job.py",
+        "files": {"job.py": script},
+        "input": {"rows": SPIN_ROWS, "iterations": iterations},
+    }
+
+
+def bodies(tag: str, n: int, job: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """N messages of the job in the ``pandastack-job/1`` format: (correlation id, body)."""
     out = []
     for i in range(n):
         mid = f"{tag}-{i}"
@@ -81,8 +103,7 @@ def inprocess_runner(job: Any, spec: Any, run: Any) -> Any:
     """The job as a plain worker runs it: the function called in this process, no sandbox."""
     from pandastack_jobs import JobOutcome
 
-    payload = spec.input
-    result = spin_job(*payload["args"], **payload["kwargs"])
+    result = spin_job(spec.input["rows"], spec.input["iterations"])
     return JobOutcome(ok=True, result=result, has_result=True, reason="succeeded")
 
 
@@ -95,6 +116,7 @@ class Live:
         self.kafka = kafka
         self.topic = f"bench-{variant}-c{c}-{uuid.uuid4().hex[:6]}"
         self.iterations = iterations
+        self.job = spin_message_job(iterations)  # read once: the source file may change meanwhile
         self.done: dict[str, float] = {}
         self.timings: dict[str, dict[str, float]] = {}
         self.outer: dict[str, float] = {}  # message id -> seconds of the whole run() of its job
@@ -160,7 +182,7 @@ class Live:
 
     def round(self, n: int) -> dict[str, Any]:
         """Send N messages at once; wait for every result; the round's wall and latencies."""
-        batch = bodies(f"r{self.sent}", n, self.iterations)
+        batch = bodies(f"r{self.sent}", n, self.job)
         self.sent += n
         sent_at: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -185,6 +207,8 @@ class Live:
     def check(self, total: int) -> None:
         """Every message got exactly the job's result on the reply topic."""
         want = spin_job(SPIN_ROWS, self.iterations)
+        stats = self.consumer.stats  # a redelivery would time a retry, not the path measured
+        assert stats.redelivered == 0 and stats.dead_lettered == 0, (self.topic, stats)
         replies = self.kafka.results(self.topic)
         assert len(replies) == total, (self.topic, len(replies), total)
         assert all(r["result"] == want for r in replies), replies[:2]
@@ -207,6 +231,38 @@ def bare_costs(iterations: int) -> dict[str, float]:
     }
 
 
+def sandbox_costs(client: Any, cpu: ServerCpu, server_pid: int, n: int = 10) -> dict[str, dict[str, float]]:
+    """CPU ms per operation, one at a time, of the pieces of a sandboxed job: a sandbox's create and
+    delete, an exec of ``true``, an exec of ``python3 -c pass``; split into the server's own process
+    and the rest (the sandboxes' processes: bwrap, the guest agent, the exec's shells)."""
+
+    def own() -> float:  # the server process alone (its threads), not the children it waited for
+        return proc_cpu_s(server_pid, children=False)
+
+    def measure(fn: Any) -> dict[str, float]:
+        total0, own0 = cpu.seconds(), own()
+        for _ in range(n):
+            fn()
+        total, mine = (cpu.seconds() - total0) / n * 1000, (own() - own0) / n * 1000
+        return {
+            "total_ms": round(total, 1),
+            "server_ms": round(mine, 1),
+            "sandbox_ms": round(total - mine, 1),
+        }
+
+    def create_delete() -> None:
+        client.sandboxes.create(template=WORKER_TEMPLATE, ttl_seconds=120).kill()
+
+    out = {"create_delete": measure(create_delete)}
+    sb = client.sandboxes.create(template=WORKER_TEMPLATE, ttl_seconds=300)
+    try:
+        out["exec_true"] = measure(lambda: sb.exec("true", timeout_seconds=30))
+        out["exec_python3"] = measure(lambda: sb.exec("python3 -c pass", timeout_seconds=30))
+    finally:
+        sb.kill()
+    return out
+
+
 def main() -> None:
     args = int_options(n=32, rounds=2, iterations=SPIN_ITERATIONS)
     from pandastack_jobs import ConnectionConfig
@@ -224,33 +280,38 @@ def main() -> None:
         conn = ConnectionConfig(api_url=server.url, api_key=server.api_key)
         server_pid = server.pid
         assert server_pid is not None
+        server_cpu = ServerCpu(server_pid)
         broker_pid = group.get("kafka").pid
         bare = bare_costs(args.iterations)
+        costs = sandbox_costs(server.client(), server_cpu, server_pid)
+        log(f"kafka: CPU ms per operation: {costs}")
         for c in LEVELS:
             for variant in VARIANTS:
                 name = f"{variant} c{c}"
                 with Live(kafka, conn, variant, c, args.iterations) as live:
                     live.round(2 * c)  # warm-up: the group's join, imports, the server's pool
-                    server0, self0 = tree_cpu_s(server_pid), self_cpu_s()
+                    server0, self0 = server_cpu.seconds(), self_cpu_s()
                     broker0 = tree_cpu_s(broker_pid)
                     for _ in range(args.rounds):
                         time.sleep(0.5)  # the server's warm pool refills
                         runs.setdefault(name, []).append(live.round(args.n))
                     msgs = args.n * args.rounds
                     cpu[name] = {
-                        "server_ms": round((tree_cpu_s(server_pid) - server0) / msgs * 1000, 1),
+                        "server_ms": round((server_cpu.seconds() - server0) / msgs * 1000, 1),
                         "consumer_ms": round((self_cpu_s() - self0) / msgs * 1000, 1),
                         "broker_ms": round((tree_cpu_s(broker_pid) - broker0) / msgs * 1000, 1),
                     }
                     live.check(2 * c + msgs)
                 log(f"kafka: {name} done, load average {[round(x, 2) for x in os.getloadavg()]}")
         assert server.client().sandboxes.list() == [], "a variant leaked a sandbox"
+    server_cpu.close()
     end = machine()
     log(f"kafka: load average at end {end['load_avg']}")
     data = report(runs, cpu, args.n)
     data.update(
         machine=start, finished=end, n=args.n, rounds=args.rounds, iterations=args.iterations,
-        tenants=TENANTS, chunk=CHUNK, template=WORKER_TEMPLATE, bare=bare,
+        tenants=TENANTS, chunk=CHUNK, template=WORKER_TEMPLATE, bare=bare, costs=costs,
+        server_cpu=server_cpu.method,
     )  # fmt: skip
     log(f"kafka written to {write_json('kafka', data)}")
     for lv in data["levels"]:

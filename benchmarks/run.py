@@ -52,8 +52,8 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("gvisor", AF, "benchmarks.gvisor", ["--n", "20"], ["--n", "5"]),
     ("density", AF, "benchmarks.density", ["--target", "500"], ["--target", "40"]),
     ("queue", AF, "benchmarks.queue", ["--n", "32", "--rounds", "4"], ["--n", "8", "--rounds", "1"]),
-    ("kafka", AF, "benchmarks.kafka", ["--n", "32", "--rounds", "2"], ["--n", "8", "--rounds", "1"]),
-    ("celery", CELERY_PYTHON, "benchmarks.celery", ["--n", "32", "--rounds", "2"],
+    ("kafka", AF, "benchmarks.kafka", ["--n", "32", "--rounds", "3"], ["--n", "8", "--rounds", "1"]),
+    ("celery", CELERY_PYTHON, "benchmarks.celery", ["--n", "32", "--rounds", "3"],
      ["--n", "8", "--rounds", "1"]),
 ]  # fmt: skip
 
