@@ -1064,7 +1064,10 @@ def bound_text(k: dict[str, Any], ce: dict[str, Any]) -> str:
         verdict = (
             f"not the CPU alone: at concurrency {c_top} the consumer used {share} of the CPU cap, and the "
             f"phase that grew most from concurrency 1 is **{worst}** ({ph1.get(worst, '?')} -> "
-            f"{phn.get(worst, '?')} ms): time spent waiting there, not computing"
+            f"{phn.get(worst, '?')} ms): time spent waiting there, not computing; with the load average "
+            f"going from {k.get('machine', {}).get('load_avg')} to {k.get('finished', {}).get('load_avg')} "
+            "on a shared machine, other suites' processes and I/O are the first suspects (the Celery leg "
+            "and the pieces below say what the path itself costs)"
         )
     ce_line = ""
     if ce and ce.get("levels") and "plain_worker_cpu_ms" in ce["levels"][-1]:
