@@ -117,11 +117,22 @@ class ServerCpu:
             return int((self.group / "cpuacct.usage").read_text()) / 1e9
         return tree_cpu_s(self.pid)
 
-    def close(self) -> None:
-        """Remove the cgroup (call once the server has stopped: it must be empty)."""
-        if self.group is not None:
-            with contextlib.suppress(OSError):
+    def close(self, timeout: float = 30.0) -> None:
+        """Remove the cgroup once the server has stopped (its last sandbox processes may still be
+        on their way out: a cgroup is removed only when empty)."""
+        if self.group is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
                 self.group.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    procs = (self.group / "cgroup.procs").read_text().split()
+                    log(f"cgroup {self.group} not removed: it still holds {procs}")
+                    return
+                time.sleep(0.2)
 
 
 def pct(values: list[float], p: float) -> float:
