@@ -1089,6 +1089,13 @@ def bound_text(k: dict[str, Any], ce: dict[str, Any]) -> str:
             else "."
         )
     k1_cpu, kn_cpu = cpu(top, "k1"), cpu(top, kk)
+    gains = [ratio(lv[f"{kk}_jobs_s"], lv["k1_jobs_s"]) for lv in k["levels"]]
+    tenants = k.get("tenants", 4)
+    chunk_line = (
+        f"their throughput over K=1 was {min(gains)}-{max(gains)}x across the levels. A chunk runs its "
+        f"mates one after another in one sandbox and never mixes tenants, so with {tenants} tenants at "
+        f"most {tenants} chunks run at once: above concurrency {tenants} chunks cannot fill the slots."
+    )
     costs = k.get("costs", {})
     names = {
         "create_delete": "a sandbox's create and delete",
@@ -1118,7 +1125,7 @@ Without a worker the job's body takes {bare.get("job_in_process_ms")} ms in-proc
 `python3` starts in {bare.get("python3_startup_ms")} ms: a sandbox per message pays that start-up,
 a prefork pool process does not. What bounds it: {verdict}.{ce_line} Chunks of {chunk} cut the
 CPU per message from {k1_cpu:.0f} to {kn_cpu:.0f} ms at concurrency {c_top} (the create and the
-delete shared by up to {chunk} messages), which is where their throughput gain comes from.
+delete shared by up to {chunk} messages); {chunk_line}
 """
 
 
