@@ -27,13 +27,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import log, machine, pct, ratio, write_json
+from benchmarks.common import (
+    SPIN_ITERATIONS,
+    SPIN_ROWS,
+    ServerCpu,
+    log,
+    machine,
+    pct,
+    ratio,
+    tree_cpu_s,
+    write_json,
+)
 from benchmarks.options import int_options
 from benchmarks.redis_server import RedisServer
 
 LEVELS = (1, 2, 4, 8)
 VARIANTS = ("plain", "sandboxed")
-ROWS = list(range(100))
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -55,9 +64,11 @@ def one_run(app: Any, variant: str, n: int, queue: str, iterations: int) -> dict
     sent: list[tuple[float, Any]] = []
     t0 = time.time()
     for _ in range(n):
-        sent.append((time.time(), app.send_task(f"bench.{variant}", args=(ROWS, iterations), queue=queue)))
+        sent.append(
+            (time.time(), app.send_task(f"bench.{variant}", args=(SPIN_ROWS, iterations), queue=queue))
+        )
     for _, r in sent:
-        assert r.get(timeout=300)["total"] == sum(ROWS)
+        assert r.get(timeout=300)["total"] == sum(SPIN_ROWS)
     done = []
     for at, r in sent:
         meta = r.backend.get_task_meta(r.id)
@@ -73,7 +84,7 @@ def one_run(app: Any, variant: str, n: int, queue: str, iterations: int) -> dict
 
 
 def main() -> None:
-    args = int_options(n=32, rounds=2, iterations=400_000)
+    args = int_options(n=32, rounds=2, iterations=SPIN_ITERATIONS)
     from celery import Celery
 
     from pandastack_local import LocalServer
@@ -81,6 +92,7 @@ def main() -> None:
     start = machine()
     log(f"celery: load average at start {start['load_avg']}")
     runs: dict[str, list[dict[str, Any]]] = {}
+    cpu: dict[str, dict[str, float]] = {}
     logs = Path(tempfile.mkdtemp(prefix="bench-celery-"))
     with RedisServer() as redis, LocalServer() as server:
         url = f"redis://127.0.0.1:{redis.port}"
@@ -91,6 +103,9 @@ def main() -> None:
             "BENCH_CELERY_BACKEND": f"{url}/1",
             "PYTHONPATH": str(REPO),
         }
+        server_pid = server.pid
+        assert server_pid is not None
+        server_cpu = ServerCpu(server_pid)
         app = Celery("bench", broker=f"{url}/0", backend=f"{url}/1", set_as_current=False)
         for c in LEVELS:
             for variant in VARIANTS:
@@ -98,20 +113,30 @@ def main() -> None:
                 worker = start_worker(variant, c, env, queue, logs / f"{queue}.log")
                 try:
                     one_run(app, variant, 2 * c, queue, args.iterations)  # warm-up
+                    server0, worker0 = server_cpu.seconds(), tree_cpu_s(worker.pid)
                     for _ in range(args.rounds):
                         time.sleep(0.5)  # the server's warm pool refills
                         runs.setdefault(f"{variant} c{c}", []).append(
                             one_run(app, variant, args.n, queue, args.iterations)
                         )
+                    tasks = args.n * args.rounds
+                    cpu[f"{variant} c{c}"] = {
+                        "server_ms": round((server_cpu.seconds() - server0) / tasks * 1000, 1),
+                        "worker_ms": round((tree_cpu_s(worker.pid) - worker0) / tasks * 1000, 1),
+                    }
                 finally:
                     os.killpg(worker.pid, 9)
                     worker.wait(10)
                 log(f"celery: {variant} c{c} done, load average {[round(x, 2) for x in os.getloadavg()]}")
         app.close()
         assert server.client().sandboxes.list() == [], "a variant leaked a sandbox"
+    server_cpu.close()
     end = machine()
-    data = report(runs, args.n)
-    data.update(machine=start, finished=end, n=args.n, rounds=args.rounds, iterations=args.iterations)
+    data = report(runs, cpu, args.n)
+    data.update(
+        machine=start, finished=end, n=args.n, rounds=args.rounds, iterations=args.iterations,
+        server_cpu=server_cpu.method,
+    )  # fmt: skip
     log(f"celery written to {write_json('celery', data)}")
     for lv in data["levels"]:
         log(
@@ -122,8 +147,9 @@ def main() -> None:
         )
 
 
-def report(runs: dict[str, list[dict[str, Any]]], n: int) -> dict[str, Any]:
-    """Median throughput per variant and level, latency percentiles over every call, the ratio."""
+def report(runs: dict[str, list[dict[str, Any]]], cpu: dict[str, dict[str, float]], n: int) -> dict[str, Any]:
+    """Median throughput per variant and level, latency percentiles over every call, the ratio,
+    the CPU per task of the worker's tree and of the server's (the server and its sandboxes)."""
     levels = []
     for c in LEVELS:
         row: dict[str, Any] = {"concurrency": c}
@@ -134,6 +160,8 @@ def report(runs: dict[str, list[dict[str, Any]]], n: int) -> dict[str, Any]:
             row[f"{variant}_tasks_s"] = round(n / wall, 2)
             row[f"{variant}_p50_ms"] = round(pct(lat, 50), 1)
             row[f"{variant}_p99_ms"] = round(pct(lat, 99), 1)
+            row[f"{variant}_worker_cpu_ms"] = cpu[name]["worker_ms"]
+            row[f"{variant}_server_cpu_ms"] = cpu[name]["server_ms"]
         row["sandboxed_vs_plain"] = ratio(row["sandboxed_tasks_s"], row["plain_tasks_s"])
         levels.append(row)
     return {"levels": levels}

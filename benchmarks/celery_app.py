@@ -11,6 +11,7 @@ import os
 
 from celery import Celery
 
+from benchmarks.common import JOB_TIMEOUT, WORKER_TEMPLATE, spin_job
 from pandastack_celery import SANDBOX_SETTINGS, sandbox_task
 
 app = Celery("bench")
@@ -21,25 +22,12 @@ app.conf.update(
     task_acks_late=True,  # the plain task acks as the sandboxed one does: after its result
 )
 
-ITERATIONS = 400_000  # about 30 ms of CPython on this project's 2-core machines
-
-
-def job(rows: list[int], iterations: int) -> dict[str, int]:
-    """Sum the rows after ~30 ms of arithmetic (the same body in both tasks)."""
-    spin = 0
-    for i in range(iterations):
-        spin += i & 7
-    return {"total": sum(rows), "n": len(rows), "spin": spin}
-
 
 @app.task(name="bench.plain")
 def plain(rows: list[int], iterations: int) -> dict[str, int]:
-    return job(rows, iterations)
+    """The job in the pool process."""
+    return spin_job(rows, iterations)
 
 
-@sandbox_task(app, name="bench.sandboxed", template="base", timeout=60)
-def sandboxed(rows: list[int], iterations: int) -> dict[str, int]:
-    spin = 0
-    for i in range(iterations):
-        spin += i & 7
-    return {"total": sum(rows), "n": len(rows), "spin": spin}
+# The same function's source runs in a fresh sandbox per call.
+sandboxed = sandbox_task(app, name="bench.sandboxed", template=WORKER_TEMPLATE, timeout=JOB_TIMEOUT)(spin_job)

@@ -10,6 +10,7 @@ measured in interleaved batches, and these helpers keep that bookkeeping in one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -43,6 +44,95 @@ JOB_OPTIONS: dict[str, Any] = {
     "input": JOB_INPUT,
     "timeout": JOB_TIMEOUT,
 }
+
+
+# The ~30 ms Python job of the worker benchmarks (issue 37: benchmarks/kafka.py, benchmarks/celery.py):
+# one function, run in-process by a plain Celery task and as a function job (its source in a fresh
+# sandbox) by a sandbox task and by the Kafka consumer's messages, so every variant runs the same body.
+SPIN_ROWS = list(range(100))
+WORKER_TEMPLATE = "base"  # a plain python3, as a Celery pool process has
+SPIN_ITERATIONS = 400_000  # about 30 ms of CPython on this project's 2-core machines
+
+
+def spin_job(rows: list[int], iterations: int) -> dict[str, int]:
+    """Sum the rows after ~30 ms of arithmetic."""
+    spin = 0
+    for i in range(iterations):
+        spin += i & 7
+    return {"total": sum(rows), "n": len(rows), "spin": spin}
+
+
+def proc_cpu_s(pid: int, children: bool = True) -> float:
+    """CPU seconds of a process (utime, stime) and of the children it has waited for (cutime,
+    cstime; ``children=False`` leaves them out)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process tree so far: the process with its reaped children, plus every live
+    descendant with its own (a sandbox that exits is counted by whoever waits for it)."""
+    from pandastack_local.testing.procs import descendants
+
+    return proc_cpu_s(pid) + sum(proc_cpu_s(p) for p in descendants(pid))
+
+
+class ServerCpu:
+    """CPU seconds of a server and of every sandbox it starts, exited ones included.
+
+    A sandbox's processes do not all end up waited for by the server (its first process is
+    killed and the rest die in their pid namespace), so ``/proc``'s cutime misses them. On a
+    cgroup v1 host with ``cpuacct`` the server is moved into a ``cpuacct`` cgroup of its own: its
+    sandboxes inherit it (the server puts them only in its memory, pids, cpu and freezer
+    cgroups), and ``cpuacct.usage`` counts every process that ever ran there. Elsewhere (cgroup
+    v2, no root) it falls back to :func:`tree_cpu_s`, a lower bound; ``method`` says which.
+    """
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.group: Path | None = None
+        if (self.ROOT / "cpuacct.usage").exists():
+            group = self.ROOT / f"pandastack-bench-{pid}"
+            try:
+                group.mkdir()
+                (group / "cgroup.procs").write_text(str(pid))
+                self.group = group
+            except OSError:
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+        self.method = (
+            "a cpuacct cgroup holding the server and its sandboxes"
+            if self.group
+            else "/proc: live processes and the children they waited for, a lower bound"
+        )
+
+    def seconds(self) -> float:
+        if self.group is not None:
+            return int((self.group / "cpuacct.usage").read_text()) / 1e9
+        return tree_cpu_s(self.pid)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Remove the cgroup once the server has stopped (its last sandbox processes may still be
+        on their way out: a cgroup is removed only when empty)."""
+        if self.group is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.group.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    procs = (self.group / "cgroup.procs").read_text().split()
+                    log(f"cgroup {self.group} not removed: it still holds {procs}")
+                    return
+                time.sleep(0.2)
 
 
 def pct(values: list[float], p: float) -> float:

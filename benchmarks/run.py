@@ -2,8 +2,8 @@
 
 Each measurement runs as its own subprocess (a fresh interpreter, its own
 pandastack-local server): a module's imports and threads cannot colour the next
-one's RSS or latency, and the Prefect part can run in ``.venv-prefect`` while
-everything else runs in ``.venv-airflow``. Output of each step goes to a log
+one's RSS or latency, and the Prefect part can run in ``.venv-prefect`` and the Celery part
+in ``.venv-celery`` while everything else runs in ``.venv-airflow``. Output of each step goes to a log
 file; the driver prints one line per step and the tail of the log if a step fails.
 """
 
@@ -24,6 +24,10 @@ from benchmarks.common import RESULTS_DIR, log, machine, write_json
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT_PYTHON = os.environ.get(
     "PANDASTACK_BENCH_PREFECT_PYTHON", str(ROOT / ".venv-prefect" / "bin" / "python")
+)
+# Celery's steps run in its own venv (the Makefile's .venv-celery: the core, the server, Celery).
+CELERY_PYTHON = os.environ.get(
+    "PANDASTACK_BENCH_CELERY_PYTHON", str(ROOT / ".venv-celery" / "bin" / "python")
 )
 
 AF = sys.executable
@@ -48,6 +52,9 @@ STEPS: list[tuple[str, str, str, list[str], list[str]]] = [
     ("gvisor", AF, "benchmarks.gvisor", ["--n", "20"], ["--n", "5"]),
     ("density", AF, "benchmarks.density", ["--target", "500"], ["--target", "40"]),
     ("queue", AF, "benchmarks.queue", ["--n", "32", "--rounds", "4"], ["--n", "8", "--rounds", "1"]),
+    ("kafka", AF, "benchmarks.kafka", ["--n", "32", "--rounds", "3"], ["--n", "8", "--rounds", "1"]),
+    ("celery", CELERY_PYTHON, "benchmarks.celery", ["--n", "32", "--rounds", "3"],
+     ["--n", "8", "--rounds", "1"]),
 ]  # fmt: skip
 
 
@@ -74,10 +81,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="run only these steps (the report uses all results)")
     parser.add_argument("--report-only", action="store_true", help="regenerate RESULTS.md and the plot")
     options = parser.parse_args()
-    if not options.report_only and not Path(PREFECT_PYTHON).exists():
-        raise SystemExit(
-            f"{PREFECT_PYTHON} is missing: run `make venvs` (or set PANDASTACK_BENCH_PREFECT_PYTHON)"
-        )
+    for python, env in ((PREFECT_PYTHON, "PREFECT"), (CELERY_PYTHON, "CELERY")):
+        if not options.report_only and not Path(python).exists():
+            raise SystemExit(f"{python} is missing: run `make venvs` (or set PANDASTACK_BENCH_{env}_PYTHON)")
     started = time.perf_counter()
     run_info: dict[str, Any] = {"started": machine(), "quick": options.quick, "steps": {}}
     logs = Path(tempfile.mkdtemp(prefix="pandastack-bench-"))

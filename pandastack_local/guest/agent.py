@@ -1,7 +1,8 @@
 """The in-sandbox agent, and the frame protocol the server speaks with it.
 
 This file runs in two places. Inside each sandbox it is the long-lived process
-that bwrap starts (``/usr/bin/python3 -I -S /.pandastack/agent.py FD LIMITS``):
+that bwrap starts (``/usr/bin/python3 -I -S /.pandastack/agent.pyc FD LIMITS``: this file compiled
+once per server by that python, ``isolation/guest_dir.py``; gVisor's runs the source):
 because it lives in the sandbox's namespaces, every exec and every file path it
 touches resolves inside the sandbox and nowhere else. On the host the server
 imports it only for the frame helpers and the /proc walk (``descendants``), so it must stay

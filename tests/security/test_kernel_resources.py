@@ -471,7 +471,7 @@ def test_reaping_orphans_never_steals_an_exit_status(sandbox, security_server) -
 
 AGENT_PID = (
     "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline 2>/dev/null "
-    "| grep -q '^/usr/bin/python3 -I -S /.pandastack/agent.py ' && echo ${p#/proc/}; done"
+    "| grep -qE '^/usr/bin/python3 -I -S /.pandastack/agent.pyc? ' && echo ${p#/proc/}; done"
 )
 
 

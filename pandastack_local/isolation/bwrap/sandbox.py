@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.guest_dir import agent_path
 from pandastack_local.isolation.process import GUEST_PYTHON, SandboxProcess, disk_split, launch
 from pandastack_local.templates import pythonenv
 from pandastack_local.templates.registry import Template
@@ -187,7 +188,7 @@ def bwrap_argv(
         GUEST_PYTHON,
         "-I",
         "-S",
-        "/.pandastack/agent.py",
+        agent_path(guest_dir),
         str(listen_fd),
         json.dumps(limits),
     ]
