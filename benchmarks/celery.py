@@ -17,7 +17,6 @@ host). Each worker is warmed with 2c calls first (pool processes, imports, the s
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from benchmarks.common import (
     ServerCpu,
     log,
     machine,
-    pct,
+    rate_and_latency,
     ratio,
     tree_cpu_s,
     write_json,
@@ -155,11 +154,7 @@ def report(runs: dict[str, list[dict[str, Any]]], cpu: dict[str, dict[str, float
         row: dict[str, Any] = {"concurrency": c}
         for variant in VARIANTS:
             name = f"{variant} c{c}"
-            wall = statistics.median(x["wall_s"] for x in runs[name])
-            lat = [ms for x in runs[name] for ms in x["latencies_ms"]]
-            row[f"{variant}_tasks_s"] = round(n / wall, 2)
-            row[f"{variant}_p50_ms"] = round(pct(lat, 50), 1)
-            row[f"{variant}_p99_ms"] = round(pct(lat, 99), 1)
+            row |= rate_and_latency(runs[name], n, variant, "tasks")
             row[f"{variant}_worker_cpu_ms"] = cpu[name]["worker_ms"]
             row[f"{variant}_server_cpu_ms"] = cpu[name]["server_ms"]
         row["sandboxed_vs_plain"] = ratio(row["sandboxed_tasks_s"], row["plain_tasks_s"])

@@ -152,6 +152,34 @@ def summary(values_s: list[float]) -> dict[str, float]:
     }
 
 
+def rate_and_latency(rounds: list[dict[str, Any]], n: int, prefix: str, unit: str) -> dict[str, float]:
+    """One variant's row cells from its rounds (each ``wall_s`` and ``latencies_ms`` for ``n``
+    items): the median throughput ``<prefix>_<unit>_s`` and p50/p99 over every item."""
+    wall = statistics.median(x["wall_s"] for x in rounds)
+    lat = [ms for x in rounds for ms in x["latencies_ms"]]
+    return {
+        f"{prefix}_{unit}_s": round(n / wall, 2),
+        f"{prefix}_p50_ms": round(pct(lat, 50), 1),
+        f"{prefix}_p99_ms": round(pct(lat, 99), 1),
+    }
+
+
+def bench_consumer(transport: Any, conn: Any, sink: Any, template: str, **kw: Any) -> Any:
+    """A queue Consumer as every queue benchmark runs it: short polls and release delay (the
+    benchmark's own wait is what it measures), the job's template and timeout as defaults."""
+    from pandastack_jobs.queue import Consumer
+
+    return Consumer(
+        transport,
+        conn,
+        sink=sink,
+        defaults={"template": template, "timeout": JOB_TIMEOUT},
+        poll_seconds=0.05,
+        release_delay=0.1,
+        **kw,
+    )
+
+
 def ratio(num: float, den: float) -> float:
     return round(num / den, 3) if den else float("nan")
 

@@ -36,15 +36,15 @@ import uuid
 from typing import Any
 
 from benchmarks.common import (
-    JOB_TIMEOUT,
     SPIN_ITERATIONS,
     SPIN_ROWS,
     WORKER_TEMPLATE,
     ServerCpu,
+    bench_consumer,
     log,
     machine,
-    pct,
     proc_cpu_s,
+    rate_and_latency,
     ratio,
     spin_job,
     tree_cpu_s,
@@ -111,7 +111,7 @@ class Live:
     """One consumer in a thread on its own topic; ``round`` sends N messages and waits for them."""
 
     def __init__(self, kafka: Any, conn: Any, variant: str, c: int, iterations: int) -> None:
-        from pandastack_jobs.queue import Consumer, open_transport, reply_sink
+        from pandastack_jobs.queue import open_transport, reply_sink
 
         self.kafka = kafka
         self.topic = f"bench-{variant}-c{c}-{uuid.uuid4().hex[:6]}"
@@ -142,15 +142,7 @@ class Live:
             kw["runner"] = self._timed
         elif variant != "k1":
             kw["chunk_size"] = CHUNK
-        self.consumer = Consumer(
-            transport,
-            conn,
-            sink=sink,
-            defaults={"template": WORKER_TEMPLATE, "timeout": JOB_TIMEOUT},
-            poll_seconds=0.05,
-            release_delay=0.1,
-            **kw,
-        )
+        self.consumer = bench_consumer(transport, conn, sink, WORKER_TEMPLATE, **kw)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.producer = open_transport(kafka.url(self.topic))
@@ -332,11 +324,7 @@ def report(runs: dict[str, list[dict[str, Any]]], cpu: dict[str, dict[str, float
         row: dict[str, Any] = {"concurrency": c}
         for variant in VARIANTS:
             name = f"{variant} c{c}"
-            wall = statistics.median(x["wall_s"] for x in runs[name])
-            lat = [ms for x in runs[name] for ms in x["latencies_ms"]]
-            row[f"{variant}_jobs_s"] = round(n / wall, 2)
-            row[f"{variant}_p50_ms"] = round(pct(lat, 50), 1)
-            row[f"{variant}_p99_ms"] = round(pct(lat, 99), 1)
+            row |= rate_and_latency(runs[name], n, variant, "jobs")
             row[f"{variant}_server_cpu_ms"] = cpu[name]["server_ms"]
             row[f"{variant}_consumer_cpu_ms"] = cpu[name]["consumer_ms"]
             row[f"{variant}_broker_cpu_ms"] = cpu[name]["broker_ms"]

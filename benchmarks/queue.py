@@ -41,6 +41,7 @@ from benchmarks.common import (
     JOB_INPUT,
     JOB_TIMEOUT,
     TEMPLATE,
+    bench_consumer,
     log,
     machine,
     ratio,
@@ -104,7 +105,7 @@ def consume(redis: RedisServer, conn: Any, bodies: list[bytes], **kw: Any) -> di
     """Send ``bodies`` to a fresh stream, then time one Consumer until every message is acked."""
     import redis as redis_client
 
-    from pandastack_jobs.queue import Consumer, open_transport, reply_sink
+    from pandastack_jobs.queue import open_transport, reply_sink
 
     stream = f"bench-{uuid.uuid4().hex[:8]}"
     producer = open_transport(redis.url(stream))
@@ -121,15 +122,7 @@ def consume(redis: RedisServer, conn: Any, bodies: list[bytes], **kw: Any) -> di
         reply(job, delivery, outcome)
         last[0] = time.perf_counter()  # the run's end: the last result out (not the drain after it)
 
-    consumer = Consumer(
-        transport,
-        conn,
-        sink=sink,
-        defaults={"template": TEMPLATE, "timeout": JOB_TIMEOUT},
-        poll_seconds=0.05,
-        release_delay=0.1,
-        **kw,
-    )
+    consumer = bench_consumer(transport, conn, sink, TEMPLATE, **kw)
     started = time.perf_counter()
     stats = consumer.run(until=lambda s: s.acked + s.dead_lettered >= n)
     wall = last[0] - started
