@@ -60,12 +60,14 @@ typecheck: venvs
 	$(CE)/bin/mypy pandastack_celery celery_app
 
 # The unit tier (tests/unit): the core's lifecycle, classification, detached jobs, reaping and pools,
-# the executor's state machine, and the Airflow and Prefect adapters' translation, against in-memory
+# the executor's state machine, the Airflow and Prefect adapters' translation and the local server's
+# memory guard order (on cgroup files the test writes), against in-memory
 # fakes (pandastack_jobs.testing.FakeClient: the real SDK with its wire in memory;
 # airflow_provider.executors.testing.FakeSandboxDriver). No server, sandbox, template, root or
 # network: it needs only the venvs and runs in seconds. The core's files run in both venvs.
 test-unit: venvs
-	$(TIMED) test-unit-airflow $(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow $(PYTEST_ARGS)
+	$(TIMED) test-unit-airflow $(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow \
+		tests/unit/test_memory_guard_order.py $(PYTEST_ARGS)
 	$(TIMED) test-unit-prefect $(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
 	$(TIMED) test-unit-celery $(CE)/bin/python -m pytest -q --timeout=60 tests/unit/celery $(PYTEST_ARGS)
 

@@ -42,6 +42,8 @@ AGENT_SILENCE_SECONDS = 10.0
 # The whole of one request, at most: a file operation or a listing; a fork's disk copy.
 OP_SECONDS = 120.0
 COPY_SECONDS = 600.0
+# A streamed file read (GET fs) as a whole: it moves at its client's pace, holding a fixed reservation.
+TRANSFER_SECONDS = 600.0
 # An exec with a timeout ends at most this long after it (the agent kills the tree at the timeout).
 EXEC_SLACK_SECONDS = 15.0
 # A timed-out frame read looks once more this briefly: the bytes may be there already if the
@@ -125,6 +127,8 @@ class Connection:
         self.writer = writer
         self.watch = watch
         self.deadline = deadline  # time.monotonic() past which the request ends, or None
+        # The largest frame taken from the agent: a stream of known frames asks for less (``stream_file``).
+        self.max_frame = MAX_FRAME
 
     @classmethod
     async def open(
@@ -192,7 +196,7 @@ class Connection:
         except ConnectionError as exc:
             raise AgentUnavailable("sandbox agent went away mid-request") from exc
 
-    async def send_data(self, data: bytes) -> None:
+    async def send_data(self, data: bytes | bytearray) -> None:
         view = memoryview(data)
         for i in range(0, len(view), CHUNK):
             self.writer.write(pack(DATA, bytes(view[i : i + CHUNK])))
@@ -206,7 +210,7 @@ class Connection:
         try:
             header = await self._wait(lambda: self.reader.readexactly(_HEADER.size))
             kind, length = _HEADER.unpack(header)
-            if length > MAX_FRAME:
+            if length > self.max_frame:
                 raise AgentUnavailable("sandbox agent sent an oversized frame")
             payload = await self._wait(lambda: self.reader.readexactly(length)) if length else b""
         except (asyncio.IncompleteReadError, OSError) as exc:
@@ -299,6 +303,34 @@ async def read_file(
         conn.close()
 
 
+async def stream_file(
+    socket_path: Path, path: str, max_bytes: int, read_ahead: int, watch: Watch | None = None
+) -> tuple[Connection, AsyncIterator[bytes]]:
+    """A regular file's bytes as they come, for a client that may read slowly: the connection (its
+    caller closes it) and an iterator of its chunks. The agent opens the file inside the sandbox;
+    here at most about twice ``read_ahead`` bytes and one frame are buffered (a frame of more than a
+    few chunks is refused), and past ``max_bytes`` the iterator raises the over-cap error."""
+    conn = await Connection.open(
+        socket_path, {"op": "read", "path": path, "max_bytes": max_bytes}, watch, TRANSFER_SECONDS, read_ahead
+    )
+    # The agent sends CHUNK-sized data; an error reply naming a long non-ASCII path (JSON-escaped,
+    # twice) can be a few times that.
+    conn.max_frame = 4 * CHUNK
+
+    async def chunks() -> AsyncIterator[bytes]:
+        sent = 0
+        async for kind, payload in conn.frames():
+            if kind == DATA:
+                sent += len(payload)
+                if sent > max_bytes:
+                    raise over_cap(f"read {path}: file is over the {max_bytes}-byte read cap")
+                yield payload
+            elif kind == JSON and "error" in payload:
+                raise AgentError(payload)
+
+    return conn, chunks()
+
+
 async def list_dir(
     socket_path: Path, path: str, max_bytes: int = MAX_READ_BYTES, watch: Watch | None = None
 ) -> list[Any]:
@@ -314,7 +346,9 @@ async def list_dir(
     return decoded(data, list, "a listing", "a list")
 
 
-async def write_file(socket_path: Path, path: str, data: bytes, watch: Watch | None = None) -> dict[str, Any]:
+async def write_file(
+    socket_path: Path, path: str, data: bytes | bytearray, watch: Watch | None = None
+) -> dict[str, Any]:
     conn = await Connection.open(socket_path, {"op": "write", "path": path}, watch)
     try:
         await conn.send_data(data)

@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stream-buffer-mb",
         type=int,
         default=DEFAULT_STREAM_BUFFER_MB,
-        help="memory the server may hold for slow readers of exec/stream, all together; past it a "
-        "new stream is refused (503, Retry-After)",
+        help="memory the server may hold for slow readers of exec/stream and of files (1 MiB each) "
+        "and for uploads (their size), all together; past it a new one is refused (503, Retry-After)",
     )
     serve.add_argument(
         "--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="pre-started sandboxes per template"

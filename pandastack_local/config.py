@@ -79,7 +79,8 @@ class ServerConfig:
     isolation: str = "bwrap"
     # gVisor's runsc (None: runsc on PATH).
     runsc: str | None = None
-    # Memory the server may hold for slow readers of exec/stream, all streams together (limits.py).
+    # Memory the server may hold for slow readers (exec/stream, GET fs) and uploads (PUT fs), all
+    # transfers together (limits.StreamBudget).
     stream_buffer_mb: int = DEFAULT_STREAM_BUFFER_MB
     # GET /metrics without the API key (a trusted network's scraper); by default it takes the key.
     metrics_without_key: bool = False

@@ -108,6 +108,7 @@ __all__ = [
     "STREAM_READ_AHEAD_BYTES",
     "STREAM_RETRY_AFTER",
     "WRITE_STALL_SECONDS",
+    "Hold",
     "StreamBudget",
     "connection_caps",
     "exec_slots",
@@ -136,25 +137,58 @@ def fork_copy_cap(template: Template) -> int:
 
 
 class StreamBudget:
-    """The server-wide budget of memory held for slow readers of exec/stream: each stream holds
-    STREAM_HOLD_BYTES of it from start to end; one that would pass it is refused."""
+    """The server-wide budget of memory held for slow peers (``--stream-buffer-mb``): a reader of
+    exec/stream or of a file (GET fs) holds STREAM_HOLD_BYTES of it from start to end (both stream,
+    with back-pressure from the client's socket); an upload (PUT fs) holds that plus its body, which
+    is kept whole until all of it has arrived (so a broken upload never touches the file). A
+    transfer that would pass the budget is refused: 503 with Retry-After, or 413 when it is larger
+    than the whole budget (it could never fit)."""
 
     def __init__(self, total_bytes: int) -> None:
         self.total_bytes = total_bytes
         self.held = 0
 
     @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        if self.held + STREAM_HOLD_BYTES > self.total_bytes:
-            raise ApiError(
-                503,
-                f"exec/stream refused: {self.held // STREAM_HOLD_BYTES} streams already hold the "
-                f"server's {self.total_bytes // MiB} MiB budget for slow readers (--stream-buffer-mb); "
-                "retry when one ends",
-                {"Retry-After": STREAM_RETRY_AFTER},
-            )
-        self.held += STREAM_HOLD_BYTES
+    def hold(self, what: str = "exec/stream", nbytes: int = STREAM_HOLD_BYTES) -> Iterator[Hold]:
+        """Reserve ``nbytes`` for ``what`` (its name in the refusal) until the block ends; the
+        ``Hold`` it yields can grow."""
+        hold = Hold(self, what)
         try:
-            yield
+            hold.grow(nbytes)
+            yield hold
         finally:
-            self.held -= STREAM_HOLD_BYTES
+            self.held -= hold.nbytes
+
+    def refusal(self, what: str, nbytes: int, wanted: int) -> ApiError:
+        budget = (
+            f"the server's {self.total_bytes // MiB} MiB budget for slow readers and uploads "
+            "(--stream-buffer-mb)"
+        )
+        if wanted > self.total_bytes:
+            return ApiError(
+                413,
+                f"{what} refused: it needs {wanted} bytes, more than the whole of {budget}: send less, "
+                "or raise the flag",
+            )
+        return ApiError(
+            503,
+            f"{what} refused: {self.held} bytes of {budget} are held by transfers in progress and "
+            f"this one needs {nbytes} more; retry when one ends",
+            {"Retry-After": STREAM_RETRY_AFTER},
+        )
+
+
+class Hold:
+    """One transfer's reservation of a ``StreamBudget``."""
+
+    def __init__(self, budget: StreamBudget, what: str) -> None:
+        self.budget = budget
+        self.what = what
+        self.nbytes = 0
+
+    def grow(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` more, or raise the refusal (the reservation so far stays held)."""
+        if self.budget.held + nbytes > self.budget.total_bytes:
+            raise self.budget.refusal(self.what, nbytes, self.nbytes + nbytes)
+        self.budget.held += nbytes
+        self.nbytes += nbytes

@@ -160,6 +160,8 @@ PAUSED = {409: "the sandbox is paused"}
 EXEC_429 = {429: "the sandbox runs as many execs as its template allows (Retry-After)"}
 CAPACITY_503 = {503: "no capacity now (Retry-After): sandboxes, or a template still being built"}
 MEMORY_507 = {507: "the memory budget is spent (Retry-After)"}
+# limits.StreamBudget: exec/stream, GET fs and PUT fs hold part of it while they run.
+TRANSFER_503 = {503: "the server's budget for slow readers and uploads is spent (Retry-After)"}
 
 
 def op(
@@ -327,7 +329,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         PAUSED,
         EXEC_429,
         AGENT_500,
-        {503: "the server's budget for slow stream readers is spent (Retry-After)"},
+        TRANSFER_503,
         body="exec",
     ),
     ("get", f"{SB}/fs"): fs_op(
@@ -340,6 +342,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         PATH_400,
         FS_OS,
         {500: "no such file (P: PandaStack's 500 `No such file or directory`), or another OS error"},
+        TRANSFER_503,
     ),
     ("put", f"{SB}/fs"): fs_op(
         "write a file (parents created)",
@@ -349,6 +352,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         PAUSED,
         AGENT_500,
         FS_OS,
+        TRANSFER_503,
         raw_body=True,
     ),
     ("get", f"{SB}/fs/dir"): fs_op(

@@ -71,3 +71,28 @@ def test_a_listing_that_is_not_a_json_list_is_refused(tmp_path: Path, listing: b
 def test_a_reply_that_is_not_a_json_object_is_refused(tmp_path: Path, reply: bytes, message: str) -> None:
     with pytest.raises(agent_client.AgentUnavailable, match=f"a reply that is {message}"):
         answer(tmp_path, [pack(JSON, reply)], lambda p: agent_client.call(p, {"op": "x"}))
+
+
+async def _streamed(path: Path, max_bytes: int) -> list[bytes]:
+    conn, chunks = await agent_client.stream_file(path, "/f", max_bytes, 64 * 1024)
+    try:
+        return [chunk async for chunk in chunks]
+    finally:
+        conn.close()
+
+
+def test_a_streamed_read_counts_its_bytes_here_and_refuses_a_frame_no_agent_sends(tmp_path: Path) -> None:
+    """GET fs streams (tests/security/test_transfer_memory.py): the cap is counted here whatever
+    answers, an error reply is the agent's error, and a frame larger than a few of the agent's
+    chunks (it sends 64 KiB ones) is refused rather than buffered."""
+    ok = [pack(DATA, b"ab"), pack(DATA, b"cd"), pack_json({"ok": True})]
+    assert answer(tmp_path, ok, lambda p: _streamed(p, 4)) == [b"ab", b"cd"]
+    over = [pack(DATA, b"ab"), pack(DATA, b"cde"), pack_json({"ok": True})]
+    with pytest.raises(agent_client.AgentError, match="over the 4-byte read cap") as info:
+        answer(tmp_path, over, lambda p: _streamed(p, 4))
+    assert info.value.errno == TOO_BIG
+    with pytest.raises(agent_client.AgentError, match="no such file"):
+        answer(tmp_path, [pack_json({"error": "no such file", "errno": "ENOENT"})], lambda p: _streamed(p, 4))
+    huge = [pack(DATA, b"x" * (512 * 1024)), pack_json({"ok": True})]
+    with pytest.raises(agent_client.AgentUnavailable, match="oversized frame"):
+        answer(tmp_path, huge, lambda p: _streamed(p, 1 << 20))

@@ -130,3 +130,67 @@ def test_memory_low_protects_each_sandbox_up_to_its_admission_on_v2(tmp_path: Pa
         assert low.read_text() == str(MEMORY_LOW_BYTES)
     else:
         assert not low.exists()
+
+
+def _guard_with_files(
+    tmp_path: Path, anon_mb: dict[str, int], files_mb: dict[str, int], **opts: object
+) -> Admission:
+    """An admission over v2 cgroup files: each sandbox charged ``anon_mb`` of its job's memory plus
+    ``files_mb`` of shared pages (tmpfs files, /dev/shm: ``shmem`` in memory.stat)."""
+    for name, mb in anon_mb.items():
+        d = tmp_path / name
+        d.mkdir(exist_ok=True)
+        shmem = files_mb.get(name, 0)
+        (d / "memory.current").write_text(str((mb + shmem) * MB))
+        (d / "memory.stat").write_text(f"anon {mb * MB}\nshmem {shmem * MB}\ninactive_file 0\n")
+    cgroups = Cgroups(instance="t", version="v2", bases={"memory": tmp_path})
+    return Admission("usage", 1000, cgroups, **opts)  # type: ignore[arg-type]
+
+
+def test_holders_with_a_job_in_flight_go_before_a_neighbours_running_job(tmp_path: Path) -> None:
+    """The red team's next attack: the 28 holders keep an exec in flight (``sleep inf``) beside
+    their 31-32 MB of files and 4 MB of a process, so they pass for running jobs, count as users
+    and shrink the share until the neighbour's 140 MB job is the only one above it. Seen failing
+    before: the plan was the neighbour's job. Their shared pages are memory no job stop frees:
+    they are holders, stopped whole, largest first, and the neighbour is never planned."""
+    anon = {f"holder{i}": 4 for i in range(28)} | {"neighbour": 140}
+    files = {f"holder{i}": 31 + (i % 2) for i in range(28)}
+    guard = _guard_with_files(tmp_path, anon, files)
+    plan = guard.relieve(_occupants(anon), now=0.0)  # every one of them runs a job
+    assert plan, plan
+    assert all(p.name.startswith("holder") and p.whole and p.idle for p in plan), plan
+    assert [p.holding_mb for p in plan] == sorted((p.holding_mb for p in plan), reverse=True), plan
+    assert plan[0].holding_mb == 32 and plan[0].held_mb == 36, plan
+    total = sum(anon.values()) + sum(files.values())
+    freed = sum(p.held_mb for p in plan)
+    assert freed >= total - 1000 + 1000 // 20 and freed - plan[-1].held_mb < 190, plan
+
+
+def test_holders_that_split_their_memory_around_the_reserve_still_go_first(tmp_path: Path) -> None:
+    """The same attack with each holder's files under the 32 MB reserve (28 MB of files, 6 MB of a
+    process): what it holds is mostly files, so it is a holder all the same."""
+    anon = {f"holder{i}": 6 for i in range(28)} | {"neighbour": 140}
+    files = {f"holder{i}": 28 for i in range(28)}
+    guard = _guard_with_files(tmp_path, anon, files)
+    plan = guard.relieve(_occupants(anon), now=0.0)
+    assert plan and all(p.name.startswith("holder") and p.whole for p in plan), plan
+
+
+def test_a_running_jobs_own_memory_is_ranked_apart_from_its_files(tmp_path: Path) -> None:
+    """A job with 900 MB of its own memory and 20 MB of files is no holder (its files are few, and
+    under the reserve); another running sandbox's 200 MB of files go first, then the big job."""
+    anon = {"worker": 900, "writer": 10, "small": 90}
+    files = {"worker": 20, "writer": 200}
+    guard = _guard_with_files(tmp_path, anon, files)
+    plan = guard.relieve(_occupants(anon), now=0.0)
+    assert [(p.name, p.whole) for p in plan] == [("writer", True), ("worker", False)], plan
+
+
+def test_under_gvisor_shared_pages_tell_nothing(tmp_path: Path) -> None:
+    """gVisor's sentry keeps all guest memory in one memfd (shared pages): there a running job's
+    shared pages are its own memory, ranked by use above the share as before."""
+    anon = {"a": 0, "b": 0}
+    files = {"a": 700, "b": 400}
+    guard = _guard_with_files(tmp_path, anon, files, shmem_holds=False)
+    plan = guard.relieve(_occupants(anon), now=0.0)
+    assert [(p.name, p.whole, p.idle) for p in plan] == [("a", False, False)], plan

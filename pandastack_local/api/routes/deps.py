@@ -4,6 +4,7 @@ dependencies that resolve the manager, the addressed sandbox and the ``?path=`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -21,18 +22,25 @@ def too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body too large: the limit is {limit} bytes")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, reserve: Callable[[int], None] | None = None) -> bytearray:
     """The request body, refused with 413 as soon as it is known to pass ``limit``: from
-    Content-Length before anything is read, else while it streams in."""
+    Content-Length before anything is read, else while it streams in. ``reserve(n)``: called
+    before ``n`` more bytes are held (a declared length at once), so a budget can refuse them.
+    Returned as the buffer it was read into (no copy: an upload is up to ``limit`` bytes)."""
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
+    declared = int(length) if length.isdigit() else 0
+    if declared > limit:
         raise too_large(limit)
+    if reserve is not None and declared:
+        reserve(declared)
     body = bytearray()
     async for chunk in request.stream():
+        if reserve is not None and len(body) + len(chunk) > declared:
+            reserve(len(body) + len(chunk) - max(len(body), declared))
         body += chunk
         if len(body) > limit:
             raise too_large(limit)
-    return bytes(body)
+    return body
 
 
 async def json_body(request: Request, *, required: bool = True) -> dict[str, Any]:

@@ -3,16 +3,19 @@ so every path and symlink resolves in the sandbox's own mount namespace)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from pandastack_local import agent_client
+from pandastack_local.exceptions import PandaStackLocalError
 from pandastack_local.guest.agent import IS_ROOT, NOT_REGULAR, TOO_BIG
-from pandastack_local.limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES
+from pandastack_local.limits import FILE_READ_CAP_BYTES, MAX_FILE_BODY_BYTES, STREAM_READ_AHEAD_BYTES
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
 
 from .deps import GuestDirPath, GuestPath, Manager, SandboxDep, read_body
@@ -87,18 +90,75 @@ def entry(raw: Any) -> dict[str, Any]:
     }
 
 
+class TransferAborted(PandaStackLocalError):
+    """A streamed answer that cannot end well (its sandbox failed mid-read): the connection is
+    dropped rather than the body ended, so the client sees a broken transfer, not a short file."""
+
+
+class FileStream(StreamingResponse):
+    """A file's bytes as the agent sends them, at the client's pace; frees the read's reservation,
+    activity and agent connection however it ends."""
+
+    def __init__(self, body: AsyncIterator[bytes], release: contextlib.ExitStack) -> None:
+        super().__init__(body, media_type="application/octet-stream")
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.release:
+            with contextlib.suppress(TransferAborted):
+                await super().__call__(scope, receive, send)
+
+
 @router.get("")
-async def fs_read(manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
-    data = await agent_fs(
-        manager, sb, lambda sock, watch: agent_client.read_file(sock, path, FILE_READ_CAP_BYTES, watch)
-    )
-    return Response(data, media_type="application/octet-stream")
+async def fs_read(request: Request, manager: Manager, sb: SandboxDep, path: GuestPath) -> Response:
+    """Streamed, not built whole: a client that reads nothing makes the server hold its
+    reservation of the slow-reader budget (``limits.StreamBudget``), not the file."""
+    manager.running(sb.id)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(request.app.state.stream_budget.hold("GET fs"))
+        stack.enter_context(manager.activity(sb))
+        try:
+            conn, chunks = await agent_client.stream_file(
+                sb.process.socket_path, path, FILE_READ_CAP_BYTES, STREAM_READ_AHEAD_BYTES, manager.watch(sb)
+            )
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
+        stack.callback(conn.close)
+        # The answer's status waits for the agent's first word: a refusal (missing, not a regular
+        # file, over the cap) is a JSON error as before, never a 200 cut short.
+        try:
+            first = await anext(chunks, b"")
+        except agent_client.AgentError as exc:
+            raise fs_error(exc) from exc
+        except agent_client.AgentUnavailable as exc:
+            raise await manager.agent_lost(sb, exc) from exc
+        release = stack.pop_all()
+
+    async def body() -> AsyncIterator[bytes]:
+        if first:
+            yield first
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except agent_client.AgentError as exc:
+            sb.log(f"read {path}: the transfer was cut off: {exc}")
+            raise TransferAborted from exc
+        except agent_client.AgentUnavailable as exc:
+            sb.log(f"read {path}: the transfer was cut off: {(await manager.agent_lost(sb, exc)).message}")
+            raise TransferAborted from exc
+
+    return FileStream(body(), release)
 
 
 @router.put("")
 async def fs_write(request: Request, manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
-    body = await read_body(request, MAX_FILE_BODY_BYTES)
-    result = await agent_fs(manager, sb, lambda sock, watch: agent_client.write_file(sock, path, body, watch))
+    """The body is held whole before the agent writes anything (a broken upload never touches the
+    file), so it is held under the server-wide transfer budget (``limits.StreamBudget``)."""
+    with request.app.state.stream_budget.hold("PUT fs") as hold:
+        body = await read_body(request, MAX_FILE_BODY_BYTES, hold.grow)
+        result = await agent_fs(
+            manager, sb, lambda sock, watch: agent_client.write_file(sock, path, body, watch)
+        )
     return JSONResponse({"path": path, "bytes": int(result.get("bytes", len(body)))})
 
 
