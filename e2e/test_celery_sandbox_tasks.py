@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from pandastack_local.testing.waiting import wait_for
 from tests.celery_tasks.conftest import Worker
 
 from .procs import ProcessGroup
@@ -60,6 +61,8 @@ def test_a_celery_task_fails_once_then_succeeds_in_a_fresh_sandbox(
             app.close()
         # Both attempts ran (the first crashed, Celery retried it), one result, no failure.
         assert len(worker.lines("start", r.id)) == 2, events.read_text()
+        # The worker writes its success line just after storing the result.
+        wait_for("the success line", lambda: worker.lines("success", r.id), timeout=10, interval=0.1)
         assert len(worker.lines("success", r.id)) == 1, events.read_text()
         assert worker.lines("failure", r.id) == []
         assert pandastack.engine_sandboxes("celery") == []
