@@ -210,6 +210,7 @@ class KafkaTransport(Transport):
         self._assigned: set[str] = set()  # topics whose consumer had its first assignment
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
+        self._admin: AdminClient | None = None
         self._parts: dict[tuple[str, int], _Part] = {}
         self._epochs = itertools.count(1)
         self._buffer: list[_Record] = []
@@ -313,6 +314,7 @@ class KafkaTransport(Transport):
         if self._producer is not None:
             self._producer.flush(_FLUSH_SECONDS)
             self._producer = None
+        self._admin = None
 
     # -- rebalances ------------------------------------------------------------------------------
 
@@ -748,7 +750,9 @@ class KafkaTransport(Transport):
         it), so it is an upper bound of what waits."""
         if self._producer is None:
             raise BrokerUnavailable("Kafka: not connected")
-        admin = AdminClient(self._conf("admin"))
+        if self._admin is None:  # kept: the consumer's metrics read the backlog every few seconds
+            self._admin = AdminClient(self._conf("admin"))
+        admin = self._admin
         try:
             return {
                 "ready": self._lag(admin, self.topic, self.group),
