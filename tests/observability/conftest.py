@@ -1,4 +1,4 @@
-"""Fixtures of the observability tests: a real Redis and a real Kafka on loopback, free ports, per module."""
+"""Fixtures of the observability tests: a real Redis (per module) and a real Kafka (once), on loopback."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def redis_broker() -> Iterator[Redis]:
         yield Redis(group)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[Kafka]:
-    """Apache Kafka (KRaft, its jars from tests/queue/kafka/jars.sh, cached), per module."""
+    """Apache Kafka (KRaft, its jars from tests/queue/kafka/jars.sh, cached), started once."""
     with broker_processes() as group:
         yield Kafka(group)
