@@ -11,11 +11,15 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from .procs import ProcessGroup
 from .services import PandaStack, Postgres, Redis, start_pandastack, start_postgres, start_redis
+
+if TYPE_CHECKING:
+    from tests.queue.brokers import Kafka
 
 _GROUP: ProcessGroup | None = None
 
@@ -48,6 +52,15 @@ def postgres(group: ProcessGroup) -> Postgres:
 @pytest.fixture(scope="session")
 def redis(group: ProcessGroup) -> Redis:
     return start_redis(group)
+
+
+@pytest.fixture(scope="session")
+def kafka(group: ProcessGroup) -> Kafka:
+    """Apache Kafka (KRaft, one node), started once, by the first test that asks for it, with the
+    queue tests' own starter (tests/queue/brokers.py; its jars cached by tests/queue/kafka/jars.sh)."""
+    from tests.queue.brokers import Kafka
+
+    return Kafka(group)
 
 
 @pytest.fixture(scope="session")

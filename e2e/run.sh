@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-e2e: the production topology, from nothing, on loopback only.
-# Installs what is missing (Debian postgresql, redis-server, chromium + chromium-driver, the
-# venvs' e2e extras),
+# Installs what is missing (Debian postgresql, redis-server, chromium + chromium-driver, Java and
+# Maven for Kafka, the venvs' e2e extras, the Celery venv, Kafka's jars),
 # runs the pytest suite (which starts and stops every server), and whatever happened
 # kills every process group the run started and checks nothing is left listening.
 set -euo pipefail
@@ -18,6 +18,9 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 [ -d /usr/share/fonts/truetype/liberation ] || need_apt+=(fonts-liberation)  # text in the screenshots
+# The Kafka queue DAG: Apache Kafka's jars are resolved with Maven and run on Java 17.
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
 if ((${#need_apt[@]})); then
   echo "e2e: installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
@@ -25,11 +28,16 @@ if ((${#need_apt[@]})); then
   apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-if [ ! -f "$AF/.e2e-installed" ] || [ pyproject.toml -nt "$AF/.e2e-installed" ]; then
-  echo "e2e: installing the e2e extra into $AF"
-  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,e2e]'
+# The queue extra: the Airflow workers' PandaStackQueueOperator consumes Kafka (confluent-kafka).
+if [ ! -f "$AF/.e2e-installed" ] || [ pyproject.toml -nt "$AF/.e2e-installed" ] ||
+  ! "$AF/bin/python" -c 'import confluent_kafka' 2>/dev/null; then
+  echo "e2e: installing the e2e and queue extras into $AF"
+  "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,e2e,queue]'
   touch "$AF/.e2e-installed"
 fi
+# The sandbox Celery task runs on a worker of the Celery venv (its own Celery, not Airflow's pin).
+make -s .venv-celery/.installed
+tests/queue/kafka/jars.sh >/dev/null  # Kafka's jars, fetched once and cached
 # Prefect talks to PostgreSQL through asyncpg, which prefect already depends on.
 "$PF/bin/python" -c 'import asyncpg, prefect_blocks' >/dev/null
 # The queue tests' Prefect deployment consumes Redis (redis-py, the queue extra); the Airflow venv

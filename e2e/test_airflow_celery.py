@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,9 +17,12 @@ from pandastack_local.testing.waiting import wait_for
 from .airflow_stack import WORKERS, AirflowStack, start_airflow
 from .browser import chromium
 from .procs import ProcessGroup
-from .queue_checks import Stream, results_by_id
+from .queue_checks import FLAKY, Stream, results_by_id
 from .services import PandaStack, Postgres, Redis
 from .ui_checks import airflow_connection_form
+
+if TYPE_CHECKING:
+    from tests.queue.brokers import Kafka
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -216,6 +221,46 @@ def test_queue_dag_acks_after_results_and_redelivers_a_failed_message_to_the_nex
     }
     assert [d["id"] for d in stream.dead()] == ["poison"]
     assert stream.depth() == {"stream": 0, "pending": 0, "delayed": 0}
+    assert pandastack.engine_sandboxes("queue") == []
+
+
+def test_kafka_message_through_the_queue_dag_fails_once_then_succeeds(
+    airflow: AirflowStack, pandastack: PandaStack, kafka: Kafka
+) -> None:
+    """One message on a real Apache Kafka topic, consumed by PandaStackQueueOperator under the
+    real scheduler on a Celery worker: its first delivery fails redeliverably (exit 75), goes to
+    the retry topic and comes back within the run; the second succeeds. Both attempts are in the
+    summary, one result is on ``<topic>.results``, and the group has committed past it all."""
+    dag_id = "e2e_queue_kafka"
+    topic = f"e2e-kafka-{uuid.uuid4().hex[:8]}"
+    producer = kafka.transport(topic)
+    try:
+        producer.send(json.dumps({"id": "flaky", "command": FLAKY}).encode())
+    finally:
+        producer.close()
+    airflow.wait_dag(dag_id)
+
+    run_id = airflow.trigger(dag_id, {"broker": kafka.url(topic)})
+    assert airflow.wait_run(dag_id, run_id, timeout=240)["state"] == "success"
+    assert airflow.xcom(dag_id, run_id, "consume") == {
+        "received": 2,
+        "acked": 1,
+        "redelivered": 1,
+        "dead_lettered": 0,
+        "released_on_drain": 0,
+        "reconnects": 0,
+        "leases_lost": 0,
+    }
+    # One result, from the second delivery; the retry record was the one that ran.
+    (result,) = kafka.results(topic)
+    assert (result["id"], result["result"], result["delivery"]) == (
+        "flaky",
+        {"id": "flaky", "delivery": 2},
+        2,
+    ), result
+    assert len(kafka.records(f"{topic}.retry")) == 1
+    assert kafka.dead(topic) == []
+    assert kafka.depth(topic) == 0  # committed past the message on the topic and its retry topic
     assert pandastack.engine_sandboxes("queue") == []
 
 

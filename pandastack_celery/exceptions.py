@@ -36,3 +36,14 @@ class SandboxJobFailed(PandaStackCeleryError, SummaryVerdict):
     @classmethod
     def from_outcome(cls, outcome: JobOutcome, why: str = "") -> SandboxJobFailed:
         return cls(cls.failure_message(outcome, why), outcome.summary())
+
+    @classmethod
+    def over_max_deliveries(cls, deliveries: int, cap: int) -> SandboxJobFailed:
+        """A try delivered more than ``cap`` times without settling (its worker died each time):
+        failed at once, never run again."""
+        reason = (
+            f"delivered {deliveries} times without a result, over max_deliveries={cap}: the worker "
+            "running it died each time (a SIGKILL, the OOM killer); not run again"
+        )
+        summary = {"ok": False, "kind": None, "class": "dead_letter", "reason": reason}
+        return cls(f"sandbox task failed [max_deliveries, dead-letter]: {reason}", summary)

@@ -7,6 +7,9 @@ The lifecycle is the core's (:func:`pandastack_jobs.run_job`); this module only 
 - the attempt: the job key carries Celery's task id and retry count, so a retry or a redelivery
   deletes what an earlier attempt left (a redelivery after a lost worker repeats the retry count,
   so on a delivery the broker marks as redelivered this try's own earlier sandbox is deleted too);
+- the delivery cap: Celery counts no redeliveries, so a try whose worker dies every time would be
+  requeued forever; the worker counts each try's deliveries in the result backend before the
+  sandbox starts (nothing the producer writes) and fails it as a dead-letter past ``max_deliveries``;
 - the outcome: the JSON result is the task's return value (Celery's result backend keeps it), a
   redeliverable failure is ``Task.retry`` (countdown at least the capacity ``Retry-After``), a
   dead-letter fails at once with the reason;
@@ -41,6 +44,12 @@ DEFAULT_RETRY_DELAY = 2.0
 """Seconds before a redeliverable failure's retry (Celery's own default, 180 s, is for flaky
 networks; a fresh sandbox can start at once). A capacity refusal waits its ``Retry-After`` if longer."""
 DEFAULT_MAX_RETRIES = 3
+DEFAULT_MAX_DELIVERIES = 5
+"""Deliveries of one try (a task id and retry count) before it fails as a dead-letter: the queue
+consumer's ``max_deliveries`` default."""
+DELIVERY_COUNT_SECONDS = 7 * 24 * 3600
+"""How long the result backend keeps a try's delivery count (a redelivery comes within the
+broker's visibility timeout or a worker restart; a week is far past either)."""
 
 SANDBOX_SETTINGS: dict[str, Any] = {
     "task_serializer": "json",
@@ -108,6 +117,11 @@ class SandboxTask(Task):  # type: ignore[misc]
     serializer = "json"
     default_retry_delay = DEFAULT_RETRY_DELAY
     max_retries = DEFAULT_MAX_RETRIES
+    max_deliveries: Optional[int] = DEFAULT_MAX_DELIVERIES
+    """Deliveries of one try before it fails as a dead-letter (kind ``max_deliveries``) without
+    running; None: no cap. Counted in the result backend (one that can count: Redis, memcached,
+    the cache backends; with another, e.g. ``rpc://`` or a database, there is no cap and the
+    worker says so in its log once)."""
     job_options: Mapping[str, Any] = {}
     connection: Optional[ConnectionConfig] = None
 
@@ -142,12 +156,16 @@ class SandboxTask(Task):  # type: ignore[misc]
         check_serializer("result_serializer", self.app.conf.result_serializer)
         request = self.request
         spec, limit = self.job_spec(args, kwargs, request, elapsed=time.monotonic() - started)
+        # Counted before anything can kill this process, so a try that never finishes still counts.
+        deliveries = self.count_delivery(request) if spec.key is not None else None
         client = self.sandbox_client()
         try:
             if spec.key is not None:
                 redelivered = bool((request.delivery_info or {}).get("redelivered"))
                 match = redelivered_attempts(spec.key) if redelivered else earlier_attempts(spec.key)
                 reap_best_effort(client, match, "sandboxes of earlier deliveries")
+            if deliveries is not None and self.max_deliveries and deliveries > self.max_deliveries:
+                raise SandboxJobFailed.over_max_deliveries(deliveries, self.max_deliveries)
             # revoke(terminate=True) and a cancel on connection loss SIGTERM the pool process,
             # whose handler (billiard's) raises SystemExit here: run_job deletes the sandbox
             # on its way out, before the process exits.
@@ -157,6 +175,37 @@ class SandboxTask(Task):  # type: ignore[misc]
             if callable(close):
                 close()
         return self.settle(outcome, limit)
+
+    def count_delivery(self, request: Any) -> Optional[int]:
+        """This delivery's number within its try (1 on the first), counted in the result backend
+        by the worker (the producer writes nothing of it); None when there is no cap or the
+        backend cannot count."""
+        if not self.max_deliveries:
+            return None
+        backend = self.backend
+        key = f"pandastack-celery-deliveries-{request.id}-{int(getattr(request, 'retries', 0) or 0)}"
+        try:
+            if not callable(getattr(backend, "incr", None)):  # rpc://, a database: no counters
+                raise NotImplementedError(type(backend).__name__)
+            try:
+                n = backend.incr(key)
+            except KeyError:  # a memory cache: no such key yet
+                n = None
+            if n is None:  # memcached's incr of a missing key
+                backend.set(key, "1")
+                n = 1
+            backend.expire(key, max(DELIVERY_COUNT_SECONDS, _seconds(self.app.conf.result_expires)))
+        except NotImplementedError:
+            if not _UNCOUNTED:
+                _UNCOUNTED.add(type(backend).__name__)
+                logger.warning(
+                    "result backend %s cannot count deliveries: sandbox tasks have no max_deliveries "
+                    "cap (a task whose worker dies every time is redelivered forever); use a Redis or "
+                    "memcached result backend",
+                    type(backend).__name__,
+                )
+            return None
+        return int(n)
 
     def sandbox_client(self) -> Any:
         """A PandaStack client for one call (``connection``, else the SDK's environment)."""
@@ -216,6 +265,17 @@ class SandboxTask(Task):  # type: ignore[misc]
             countdown = max(float(self.default_retry_delay or 0), outcome.retry_after or 0.0)
             raise self.retry(exc=error, countdown=countdown)
         raise error
+
+
+_UNCOUNTED: set[str] = set()  # backends already warned about
+
+
+def _seconds(value: Any) -> int:
+    """``result_expires`` (a timedelta, seconds, or None) in whole seconds."""
+    if value is None:
+        return 0
+    total = getattr(value, "total_seconds", None)
+    return int(total() if callable(total) else float(value))
 
 
 def _static_run(cls: type) -> Optional[Callable[..., Any]]:

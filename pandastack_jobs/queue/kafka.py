@@ -43,14 +43,16 @@ from urllib.parse import parse_qs, urlsplit
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from ..tracing import valid_traceparent
 from .transport import (
     BrokerUnavailable,
     DeadLetter,
@@ -109,6 +111,10 @@ class _Ref:
     key: bytes | None
     prior: int  # deliveries before this record existed (a retry record's count so far)
     message_id: str
+    # Producer-written, read as untrusted (the metrics and traces validate them again): when the
+    # message was first sent (epoch seconds), and its W3C trace context (valid, else None).
+    sent: str | None = None
+    traceparent: str | None = None
 
 
 @dataclass
@@ -202,6 +208,7 @@ class KafkaTransport(Transport):
         self._assigned: set[str] = set()  # topics whose consumer had its first assignment
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
+        self._admin: AdminClient | None = None
         self._parts: dict[tuple[str, int], _Part] = {}
         self._epochs = itertools.count(1)
         self._buffer: list[_Record] = []
@@ -305,6 +312,7 @@ class KafkaTransport(Transport):
         if self._producer is not None:
             self._producer.flush(_FLUSH_SECONDS)
             self._producer = None
+        self._admin = None
 
     # -- rebalances ------------------------------------------------------------------------------
 
@@ -465,16 +473,27 @@ class KafkaTransport(Transport):
 
     def _ref(self, m: Message, part: _Part, topic: str, partition: int, offset: int) -> _Ref:
         mid, prior = f"{partition}-{offset}", 0
+        h = _headers(m)
+        kind, ms = m.timestamp()
+        sent = f"{ms / 1000:.3f}" if kind and ms > 0 else None
         if topic == self.retry_topic:
-            h = _headers(m)
             given, count = h.get("mid", ""), _int(h.get("count"))
             if given and count > 0:
                 mid, prior = given, count
+                sent = h.get("sent") or sent  # the original record's time, carried by the release
             else:  # not written by a consumer: a record of its own
                 mid = f"retry:{partition}-{offset}"
         key = m.key()
         return _Ref(
-            topic, partition, offset, part.epoch, key.encode() if isinstance(key, str) else key, prior, mid
+            topic,
+            partition,
+            offset,
+            part.epoch,
+            key.encode() if isinstance(key, str) else key,
+            prior,
+            mid,
+            sent=sent,
+            traceparent=valid_traceparent(h.get("traceparent")),
         )
 
     def _hand_out(self, n: int) -> list[Delivery]:
@@ -498,7 +517,8 @@ class KafkaTransport(Transport):
             part = self._parts[(rec.ref.topic, rec.ref.partition)]
             part.starts[rec.ref.offset] = part.starts.get(rec.ref.offset, 0) + 1
             count = rec.ref.prior + part.starts[rec.ref.offset]
-            out.append(Delivery(rec.ref.message_id, rec.value, count, handle=rec.ref))
+            extra = {"sent": rec.ref.sent, "traceparent": rec.ref.traceparent}
+            out.append(Delivery(rec.ref.message_id, rec.value, count, handle=rec.ref, extra=extra))
         return out
 
     def _resume_due(self) -> None:
@@ -608,6 +628,8 @@ class KafkaTransport(Transport):
             "mid": delivery.message_id,
             "count": str(delivery.count),
             "not_before": f"{time.time() + max(0.0, delay_seconds):.3f}",
+            **({"sent": ref.sent} if ref.sent else {}),
+            **({"traceparent": ref.traceparent} if ref.traceparent else {}),
         }
         self._publish(self.retry_topic, delivery.body, ref.key, headers)
         self._settle(delivery)
@@ -679,10 +701,16 @@ class KafkaTransport(Transport):
     def reply(self, body: bytes) -> None:
         self._publish(self.reply_topic, body, None, {})
 
-    def send(self, body: bytes, message_id: str | None = None, key: bytes | str | None = None) -> None:
+    def send(
+        self,
+        body: bytes,
+        message_id: str | None = None,
+        key: bytes | str | None = None,
+        traceparent: str | None = None,
+    ) -> None:
         """Produce ``body`` to the topic. ``key`` (by default the message's ``tenant``) picks the
         partition, so one key's messages keep their order; without one, partitions are taken in
-        turn.
+        turn. ``traceparent`` goes in a record header of that name (read back as untrusted).
         ``message_id`` is not sent: a Kafka message's id is its partition and offset."""
         if self._producer is None:
             raise BrokerUnavailable("Kafka: not connected")
@@ -690,16 +718,61 @@ class KafkaTransport(Transport):
             key = _tenant(body)
         if isinstance(key, str):
             key = key.encode()
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [("traceparent", traceparent)] if traceparent else None
+        )
         try:
             if key is None:
                 partition = next(self._rr) % self._main_partitions
-                self._producer.produce(self.topic, value=body, partition=partition)
+                self._producer.produce(self.topic, value=body, partition=partition, headers=headers)
             else:
-                self._producer.produce(self.topic, value=body, key=key)
+                self._producer.produce(self.topic, value=body, key=key, headers=headers)
         except (KafkaException, BufferError) as exc:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc}") from None
         if self._producer.flush(_FLUSH_SECONDS) > 0:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: the topic did not take the message in time")
+
+    def send_traced(self, body: bytes, traceparent: str | None) -> None:
+        """A record with a ``traceparent`` header (the W3C trace context of the producer's span)."""
+        self.send(body, traceparent=traceparent)
+
+    def backlog(self) -> dict[str, int] | None:
+        """The groups' lag: per partition, the end offset minus the group's committed one (the
+        start offset where it committed none), summed; ``ready`` on the topic, ``delayed`` on
+        the retry topic. Kafka commits offsets, not messages: ``ready`` also counts the group's
+        messages in flight and those settled above an unsettled one (the commit never passes
+        it), so it is an upper bound of what waits."""
+        if self._producer is None:
+            raise BrokerUnavailable("Kafka: not connected")
+        if self._admin is None:  # kept: the consumer's metrics read the backlog every few seconds
+            self._admin = AdminClient(self._conf("admin"))
+        admin = self._admin
+        try:
+            return {
+                "ready": self._lag(admin, self.topic, self.group),
+                "delayed": self._lag(admin, self.retry_topic, f"{self.group}.retry"),
+            }
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
+
+    @staticmethod
+    def _lag(admin: AdminClient, topic: str, group: str) -> int:
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        tps = [TopicPartition(topic, p) for p in sorted(meta.partitions if meta is not None else [])]
+        if not tps:
+            return 0
+        request = [ConsumerGroupTopicPartitions(group, tps)]
+        found = admin.list_consumer_group_offsets(request, request_timeout=10)[group].result(15)
+        committed = {tp.partition: tp.offset for tp in found.topic_partitions or []}
+        ends = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=10)
+        starts = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps}, request_timeout=10)
+        lag = 0
+        for tp in tps:
+            end = ends[tp].result(15).offset
+            start = starts[tp].result(15).offset
+            at = committed.get(tp.partition, -1)
+            lag += max(0, end - max(at, start))
+        return lag
 
 
 def dead_reason(headers: list[tuple[str, bytes]] | None) -> dict[str, Any]:

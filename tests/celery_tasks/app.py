@@ -10,11 +10,12 @@ that a result came once and find the pool process to kill.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from celery import Celery, signals
 
-from pandastack_celery import SANDBOX_SETTINGS, sandbox_task
+from pandastack_celery import SANDBOX_SETTINGS, SandboxTask, sandbox_task
 
 app = Celery("sandboxed")
 app.conf.update(SANDBOX_SETTINGS)
@@ -78,6 +79,19 @@ def limited(seconds: float) -> str:
 
     time.sleep(seconds)
     return "done"
+
+
+class DiesInItsWorker(SandboxTask):
+    """Kills its own pool process once its job has run, before the result is stored: a worker
+    fault that strikes every delivery of the task (a crashing native library, the OOM killer)."""
+
+    def settle(self, outcome: Any, limit: Any = None) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(base=DiesInItsWorker, job_options=dict(JOB), max_deliveries=2)
+def dies() -> None:
+    return None
 
 
 def _event(line: str) -> None:

@@ -97,6 +97,23 @@ def test_pool_process_killed_is_requeued(redisland: Celeryland) -> None:
     assert events(worker, "success", r.id) == 1
 
 
+def test_a_task_that_kills_its_worker_every_time_fails_past_max_deliveries(redisland: Celeryland) -> None:
+    """Every delivery of ``dies`` kills its pool process, so reject_on_worker_lost requeues it
+    each time; the worker counts the deliveries in the result backend, and the third one
+    (max_deliveries=2) fails at once as a dead-letter instead of looping forever."""
+    land = redisland
+    worker = land.worker(concurrency=1)
+    r = land.send("dies")
+    with pytest.raises(SandboxJobFailed) as failed:
+        r.get(timeout=60)
+    assert failed.value.failure_class is FailureClass.DEAD_LETTER
+    assert "delivered 3 times without a result, over max_deliveries=2" in str(failed.value)
+    assert len(worker.lines("start", r.id)) == 3  # two ran and died in their worker, the third failed
+    assert events(worker, "failure", r.id) == 1
+    assert worker.popen.poll() is None
+    assert not land.sandboxes(r.id)
+
+
 def test_memory_hog_beside_honest_tasks(redisland: Celeryland) -> None:
     """A task that eats memory without bound dies in its own sandbox; the honest tasks beside it
     and the worker are untouched."""

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make test-observability: the metrics and traces of issue 38 (docs/observability.md), from
-# nothing: installs Debian's prometheus and redis-server (apt) and the venvs' extras when missing,
-# then runs tests/observability (real server, real consumer, real Redis, real prometheus, each on
-# loopback and free ports, stopped by the tests) and the engines' trace tests in their venvs.
+# nothing: installs Debian's prometheus, redis-server, a Java 17 runtime and Maven (apt) and the
+# venvs' extras when missing, then runs tests/observability (real server, real consumer, real Redis
+# and Kafka, real prometheus, each on loopback and free ports, stopped by the tests) and the
+# engines' trace tests in their venvs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -12,6 +13,9 @@ PF=${PF:-$REPO/.venv-prefect}
 need_apt=()
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# Kafka's trace header: Apache Kafka's jars are resolved with Maven (tests/queue/kafka/jars.sh).
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
 if ((${#need_apt[@]})); then
   echo "test-observability: installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
@@ -19,10 +23,11 @@ if ((${#need_apt[@]})); then
   # Their own services do not start here (no systemd; policy-rc.d): the tests start their own.
   apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-"$AF/bin/python" -c 'import prometheus_client, opentelemetry.sdk, redis' 2>/dev/null ||
+"$AF/bin/python" -c 'import prometheus_client, opentelemetry.sdk, redis, confluent_kafka' 2>/dev/null ||
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,queue,test,otel]'
 "$PF/bin/python" -c 'import prometheus_client, opentelemetry.sdk' 2>/dev/null ||
   "$PF/bin/pip" install -q --disable-pip-version-check -e '.[prefect,local,queue,test,otel]'
+tests/queue/kafka/jars.sh >/dev/null  # Kafka's jars, fetched once and cached
 
 "$AF/bin/python" -m pytest -p no:cacheprovider -q tests/observability tests/airflow/test_airflow_traces.py \
   tests/unit/core/test_observability.py "$@"

@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.procs import free_port
 from pandastack_jobs import JobSpec, run_job
+from pandastack_jobs.queue import open_transport
 from pandastack_local import LocalServer
 from pandastack_local.testing.procs import stop_group
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Redis
+from tests.queue.brokers import Kafka, Redis
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
@@ -242,6 +243,40 @@ def test_consumer_counters_move_as_jobs_are_acked_and_dead_lettered(
         timeout=15,
     )
     assert value(scrape(c.url), "pandastack_queue_backlog_messages", state="ready") == 0
+
+
+def test_a_kafka_consumer_reports_its_groups_lag_as_the_backlog(
+    kafka_broker: Kafka, server: LocalServer, tmp_path: Path
+) -> None:
+    """On Kafka the backlog gauge is the groups' lag (end offsets minus committed ones): three
+    messages wait before the consumer starts, none once it has settled them, on both topics."""
+    queue = f"q{uuid.uuid4().hex[:8]}"
+    url = kafka_broker.url(queue)
+
+    producer = open_transport(url, 30)
+    producer.connect()
+    try:
+        for i in range(3):
+            producer.send(json.dumps({"id": f"m{i}", "command": 'echo {} > "$JOB_RESULT"'}).encode())
+        assert producer.backlog() == {"ready": 3, "delayed": 0}
+    finally:
+        producer.close()
+    c = Consumer(url, server, tmp_path / "consumer.log")
+    try:
+        wait_for(
+            "three acked and the lag read as none",
+            lambda: (
+                value(samples := scrape(c.url), "pandastack_queue_messages_acked_total") == 3
+                and ("pandastack_queue_backlog_messages", (("state", "ready"),)) in samples
+                and value(samples, "pandastack_queue_backlog_messages", state="ready") == 0
+            ),
+            timeout=60,
+            interval=0.5,
+        )
+        assert value(scrape(c.url), "pandastack_queue_backlog_messages", state="delayed") == 0
+        assert ("pandastack_queue_backlog_messages", (("state", "leased"),)) not in scrape(c.url)
+    finally:
+        c.stop()
 
 
 def test_prometheus_scrapes_the_server_and_the_consumer(

@@ -15,7 +15,7 @@ from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, batch_done, open_transport
 from pandastack_jobs.queue.cli import main as jobs_cli
 from pandastack_local import LocalServer
-from tests.queue.brokers import Redis
+from tests.queue.brokers import Kafka, Redis
 from tests.support.otel import STEPS, all_text, children, exporter, named
 
 
@@ -88,3 +88,64 @@ def test_a_bad_traceparent_from_the_producer_is_ignored(
     assert job.attributes["pandastack.outcome.class"] == "redeliver"
     assert job.attributes["pandastack.failure.kind"] == "exit_code"
     assert [why["why"]["kind"] for why in redis_broker.dead(queue)] == ["exit_code"]
+
+
+def test_a_job_through_kafka_links_to_its_producer_across_a_retry(
+    local_server: LocalServer, kafka_broker: Kafka
+) -> None:
+    """Kafka carries the context as a ``traceparent`` record header, and its retry topic keeps it:
+    the process span of the failed first delivery and that of the second both link to the send."""
+    spans_out = exporter()
+    queue = f"q{uuid.uuid4().hex[:8]}"
+    url = kafka_broker.url(queue)
+    tracer = trace.get_tracer("test")
+    flaky = '[ "$QUEUE_DELIVERY" -ge 2 ] || exit 75; echo \'{"n": 1}\' > "$JOB_RESULT"'
+    with tracer.start_as_current_span("producer"):
+        assert jobs_cli(["send", "--broker", url, json.dumps({"id": "m1", "command": flaky})]) == 0
+    [record] = kafka_broker.records(queue)
+    assert dict(record.headers())["traceparent"].startswith(b"00-")
+    conn = ConnectionConfig(api_url=local_server.url, api_key=local_server.api_key)
+    c = Consumer(
+        open_transport(url, 5),
+        conn,
+        defaults={"template": "base", "timeout": 30},
+        max_deliveries=2,
+        release_delay=0.5,
+    )
+    t = threading.Thread(target=c.run, args=(lambda s: s.acked >= 1,), daemon=True)
+    t.start()
+    t.join(90)
+    assert not t.is_alive(), c.stats
+    assert (c.stats.received, c.stats.redelivered, c.stats.acked) == (2, 1, 1), c.stats
+
+    spans = spans_out.get_finished_spans()
+    [send] = named(spans, f"send {queue}")
+    assert send.attributes["messaging.system"] == "kafka"
+    processes = named(spans, f"process {queue}")
+    assert len(processes) == 2
+    for process in processes:
+        assert process.attributes["messaging.system"] == "kafka"
+        assert [link.context.span_id for link in process.links] == [send.context.span_id]
+    assert local_server.api_key not in all_text(spans)
+
+
+@pytest.mark.parametrize("traceparent", [b"garbage", b"00-" + b"a" * 500, b"\xff\xfe" * 40])
+def test_a_bad_traceparent_header_on_kafka_is_ignored(
+    local_server: LocalServer, kafka_broker: Kafka, traceparent: bytes
+) -> None:
+    """The header is producer-written: a malformed one makes no link and never fails the message."""
+    from confluent_kafka import Producer
+
+    spans_out = exporter()
+    queue = f"q{uuid.uuid4().hex[:8]}"
+    url = kafka_broker.url(queue)
+    open_transport(url, 5).connect()  # the topics, with the transport's partitions
+    p = Producer({"bootstrap.servers": f"127.0.0.1:{kafka_broker.port}"})
+    p.produce(
+        queue, value=json.dumps({"id": "m2", "command": "exit 2"}), headers=[("traceparent", traceparent)]
+    )
+    assert p.flush(10) == 0
+    consume(local_server, url, 1)
+    [process] = named(spans_out.get_finished_spans(), f"process {queue}")
+    assert list(process.links) == []
+    assert [why["why"]["kind"] for why in kafka_broker.dead(queue)] == ["exit_code"]

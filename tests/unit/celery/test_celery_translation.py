@@ -193,3 +193,45 @@ def test_an_older_celery_is_refused_naming_the_floor() -> None:
     check_celery((6, 0))  # no cap
     with pytest.raises(ImportError, match=r"celery>=5\.4; this is Celery 5\.3"):
         check_celery((5, 3))
+
+
+class WorkerDied(BaseException):
+    """Stands for the pool process dying mid-delivery (nothing after it runs, nothing is settled)."""
+
+
+def test_past_max_deliveries_a_try_fails_as_a_dead_letter_without_a_sandbox(
+    task: Any, fake: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each delivery is counted in the result backend before the sandbox starts; deliveries of one
+    try past ``max_deliveries`` fail at once; a retry (the next try) counts from 1 again."""
+    monkeypatch.setattr(task, "max_deliveries", 2)
+    monkeypatch.setattr(task, "retry", lambda **kw: pytest.fail("over the cap must not retry"))
+
+    def dies(self: Any) -> Any:
+        raise WorkerDied
+
+    with monkeypatch.context() as m:
+        m.setattr(type(task), "sandbox_client", dies)
+        for _ in range(2):
+            with pytest.raises(WorkerDied):
+                run_as_worker(task, 1, 2, id="loops")
+    with pytest.raises(SandboxJobFailed) as failed:
+        run_as_worker(task, 1, 2, id="loops", delivery_info={"redelivered": True})
+    assert failed.value.failure_class is FailureClass.DEAD_LETTER and failed.value.kind is None
+    assert "delivered 3 times without a result, over max_deliveries=2" in str(failed.value)
+    assert fake.sandbox_state == {} and fake.execs == []  # no sandbox for a capped delivery
+    rebuilt = SandboxJobFailed(*failed.value.args)  # JSON-safe, as the result backend stores it
+    assert rebuilt.failure_class is FailureClass.DEAD_LETTER and str(rebuilt) == str(failed.value)
+    fake.script(COMMAND, result=3)
+    assert run_as_worker(task, 1, 2, id="loops", retries=1) == 3  # the next try: delivery 1
+
+
+def test_a_backend_that_cannot_count_leaves_deliveries_uncapped(fake: FakeClient) -> None:
+    app = Celery("unit", broker="memory://", backend="rpc://", set_as_current=False)
+    app.finalize()
+    t = sandbox_task(app, template="base", timeout=60, shared=False, max_deliveries=1)(add)
+    t.push_request(id="x", retries=0, called_directly=False)
+    try:
+        assert t.count_delivery(t.request) is None
+    finally:
+        t.pop_request()
