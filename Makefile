@@ -260,7 +260,7 @@ demo: venvs templates
 	@$(AF)/bin/python -c 'import redis' 2>/dev/null || $(AF)/bin/pip install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
 	$(AF)/bin/python -m demo
 
-# The Kafka step (benchmarks/kafka.py) starts the queue tests' own Kafka (tests/queue/brokers.py):
+# The Kafka step (benchmarks/kafka.py) starts the queue tests' own Kafka (e2e/brokers.py):
 # a Java runtime and Maven for its jars, installed here when missing, as tests/queue/run.sh does.
 bench: venvs templates
 	@$(AF)/bin/python -c 'import matplotlib' 2>/dev/null || $(AF)/bin/pip install -q --disable-pip-version-check -e '.[bench]'

@@ -3,7 +3,7 @@ consumer running the job in-process, at concurrency 1/2/4/8; and what bounds the
 
 Run in ``.venv-airflow``: ``python -m benchmarks.kafka [--n N --rounds R --iterations I]``. The
 broker is the queue tests' own Kafka (KRaft, one node, on a free loopback port: the starter in
-``tests/queue/brokers.py``, imported, with its cached jars), beside a ``pandastack_local``. Every
+``e2e/brokers.py``, imported, with its cached jars), beside a ``pandastack_local``. Every
 message is the same ~30 ms Python job as the Celery step's (:func:`benchmarks.common.spin_job`: its
 source runs in the sandbox, its arguments and result cross as JSON), four tenants:
 
@@ -257,9 +257,9 @@ def sandbox_costs(client: Any, cpu: ServerCpu, server_pid: int, n: int = 10) -> 
 
 def main() -> None:
     args = int_options(n=32, rounds=2, iterations=SPIN_ITERATIONS)
+    from e2e.brokers import Kafka, broker_processes
     from pandastack_jobs import ConnectionConfig
     from pandastack_local import LocalServer
-    from tests.queue.brokers import Kafka, broker_processes
 
     start = machine()
     log(f"kafka: load average at start {start['load_avg']}")

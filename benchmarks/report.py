@@ -992,7 +992,7 @@ Throughput is the median round's; latencies are over every call. Measured {m.get
         ]
         parts.append(
             f"""**The consumer on Apache Kafka** (`benchmarks/kafka.py`): the queue tests' own broker
-(tests/queue/brokers.py: KRaft, one node, two partitions per topic), the same function's source as
+(e2e/brokers.py: KRaft, one node, two partitions per topic), the same function's source as
 the job of a `pandastack-job/1` message ({k.get("tenants")} tenants as record keys), one consumer
 per variant and level on a fresh topic, warmed and timed as the Celery workers are. **K=1** is one
 sandbox per message, **K={k.get("chunk")}** the consumer with `--chunk-size {k.get("chunk")}`;

@@ -19,7 +19,7 @@ from .procs import ProcessGroup
 from .services import PandaStack, Postgres, Redis, start_pandastack, start_postgres, start_redis
 
 if TYPE_CHECKING:
-    from tests.queue.brokers import Kafka
+    from e2e.brokers import Kafka
 
 _GROUP: ProcessGroup | None = None
 
@@ -57,8 +57,8 @@ def redis(group: ProcessGroup) -> Redis:
 @pytest.fixture(scope="session")
 def kafka(group: ProcessGroup) -> Kafka:
     """Apache Kafka (KRaft, one node), started once, by the first test that asks for it, with the
-    queue tests' own starter (tests/queue/brokers.py; its jars cached by tests/queue/kafka/jars.sh)."""
-    from tests.queue.brokers import Kafka
+    queue tests' own starter (e2e/brokers.py; its jars cached by tests/queue/kafka/jars.sh)."""
+    from e2e.brokers import Kafka
 
     return Kafka(group)
 

@@ -22,7 +22,7 @@ from .services import PandaStack, Postgres, Redis
 from .ui_checks import airflow_connection_form
 
 if TYPE_CHECKING:
-    from tests.queue.brokers import Kafka
+    from e2e.brokers import Kafka
 
 pytestmark = pytest.mark.timeout(600)
 

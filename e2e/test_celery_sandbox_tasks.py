@@ -17,8 +17,8 @@ import pytest
 from celery import Celery
 
 from pandastack_local.testing.waiting import wait_for
-from tests.celery_tasks.conftest import Worker
 
+from .celery_worker import Worker
 from .procs import ProcessGroup
 from .services import REPO, PandaStack, Redis
 

@@ -21,7 +21,7 @@ from pandastack_local import LocalServer
 from tests.support.server import fail_on_leftovers
 
 if TYPE_CHECKING:
-    from tests.queue.brokers import LazyBrokers
+    from e2e.brokers import LazyBrokers
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def local_server() -> Iterator[LocalServer]:
 def brokers() -> Iterator[LazyBrokers]:
     """The session's real brokers (tests/queue and tests/celery_tasks), each started when a test
     first asks for it, all stopped at the end."""
-    from tests.queue.brokers import lazy_brokers  # only the sessions that start a broker import it
+    from e2e.brokers import lazy_brokers  # only the sessions that start a broker import it
 
     with lazy_brokers() as started:
         yield started

@@ -16,10 +16,11 @@ import pytest
 from celery import Celery
 
 import pandastack_celery  # noqa: F401 - AsyncResult.get() rebuilds its SandboxJobFailed only once imported
+from e2e.brokers import Broker, LazyBrokers, RabbitMQ, Redis
+from e2e.celery_worker import Worker
 from e2e.procs import ProcessGroup
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker, LazyBrokers, RabbitMQ, Redis
 
 REPO = Path(__file__).resolve().parents[2]
 VISIBILITY = 10.0  # seconds before Redis gives a dead worker's unacked message to another
@@ -49,37 +50,6 @@ def broker_url(broker: Broker) -> str:
     if isinstance(broker, RabbitMQ):
         return f"amqp://guest:guest@127.0.0.1:{broker.port}//"
     return f"redis://127.0.0.1:{broker.port}/0"
-
-
-class Worker:
-    """One ``celery worker`` process in its own process group (noted in the run's pgids file, so
-    run.sh kills it whatever happens), logging to a file."""
-
-    def __init__(self, group: ProcessGroup, name: str, argv: list[str], env: dict[str, str], events: Path):
-        self.group, self.events = group, events
-        self.proc = group.start(name, argv, env=env, cwd=REPO)
-        self.popen = self.proc.popen
-        wait_for(
-            "the celery worker to be ready",
-            lambda: "ready." in self.text() or self.popen.poll() is not None,
-            timeout=60,
-            interval=0.2,
-        )
-        assert self.popen.poll() is None, self.text()
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker: the main process and its pool processes."""
-        os.killpg(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(10)
-
-    def text(self) -> str:
-        return self.proc.log_path.read_text(errors="replace")
-
-    def lines(self, what: str, task_id: str) -> list[list[str]]:
-        if not self.events.exists():
-            return []
-        rows = [line.split() for line in self.events.read_text().splitlines()]
-        return [r for r in rows if r[:2] == [what, task_id]]
 
 
 class Celeryland:

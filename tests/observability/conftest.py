@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.queue.brokers import Kafka, Redis, broker_processes
+from e2e.brokers import Kafka, Redis, broker_processes
 
 
 @pytest.fixture(scope="module")

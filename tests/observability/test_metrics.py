@@ -22,13 +22,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.brokers import Kafka, Redis
 from e2e.procs import free_port
 from pandastack_jobs import JobSpec, run_job
 from pandastack_jobs.queue import open_transport
 from pandastack_local import LocalServer
 from pandastack_local.testing.procs import stop_group
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Kafka, Redis
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"

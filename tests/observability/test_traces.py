@@ -11,11 +11,11 @@ import uuid
 import pytest
 from opentelemetry import trace
 
+from e2e.brokers import Kafka, Redis
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, batch_done, open_transport
 from pandastack_jobs.queue.cli import main as jobs_cli
 from pandastack_local import LocalServer
-from tests.queue.brokers import Kafka, Redis
 from tests.support.otel import STEPS, all_text, children, exporter, named
 
 

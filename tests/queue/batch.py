@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.queue.brokers import Broker
+from e2e.brokers import Broker
 from tests.queue.conftest import DEFAULTS, echo_job, message
 
 CONSUME: dict[str, Any] = {

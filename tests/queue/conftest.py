@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from e2e.brokers import AWS_ENV, KINDS, Broker, LazyBrokers
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, Stats
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import AWS_ENV, KINDS, Broker, LazyBrokers
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSPORTS = list(KINDS)

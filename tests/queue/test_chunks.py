@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from e2e.brokers import Broker
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker
 from tests.queue.conftest import live_sandboxes, wait_results
 
 pytestmark = pytest.mark.timeout(180)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from e2e.brokers import AWS_ENV, Broker
 from e2e.procs import free_port
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import AWS_ENV, Broker
 from tests.queue.conftest import REPO
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.queue.brokers import AWS_ENV, Broker
+from e2e.brokers import AWS_ENV, Broker
 from tests.queue.conftest import REPO, Running, echo_job, message
 
 IMPLEMENTED = ["redis", "postgres", "sqs", "rabbitmq", "kafka"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from e2e.brokers import AWS_ENV, Broker, Kafka
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import AWS_ENV, Broker, Kafka
 from tests.queue.conftest import REPO, live_sandboxes, wait_results
 
 pytestmark = pytest.mark.timeout(180)

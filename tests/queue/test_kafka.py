@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from e2e.brokers import Broker, Kafka, LazyBrokers
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer, open_transport
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker, Kafka, LazyBrokers
 from tests.queue.conftest import DEFAULTS, Running, echo_job, live_sandboxes, message, wait_results
 
 pytestmark = pytest.mark.timeout(180)

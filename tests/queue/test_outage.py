@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pytest
 
+from e2e.brokers import Broker
 from pandastack_jobs import ConnectionConfig
 from pandastack_jobs.queue import Consumer
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker
 from tests.queue.conftest import DEFAULTS, LEASE, Running, echo_job, message
 
 pytestmark = pytest.mark.timeout(240)

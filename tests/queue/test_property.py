@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from e2e.brokers import Broker
 from pandastack_jobs.queue import Consumer
 from pandastack_jobs.testing import FakeClient
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.brokers import Broker
 from tests.queue.conftest import Running
 
 pytestmark = pytest.mark.timeout(240)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
+from e2e.brokers import Broker
 from pandastack_jobs.queue.metrics import sent_at
 from pandastack_jobs.tracing import valid_traceparent
-from tests.queue.brokers import Broker
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CARRIES_TRACE = {"redis", "rabbitmq", "sqs", "kafka"}

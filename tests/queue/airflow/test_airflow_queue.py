@@ -10,11 +10,11 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider.operators.queue import PandaStackQueueOperator
+from e2e.brokers import Broker
 from e2e.procs import free_port
 from pandastack_jobs.queue import CONSUMER_DEFAULTS
 from tests.queue import batch  # the batch every engine consumes (batch.CONSUME, batch.RESULTS, ...)
 from tests.queue.batch import check_chunk_results, results, send_batch, send_chunk_batch
-from tests.queue.brokers import Broker
 from tests.support.dagtest import run_dag, task_instances, xcom
 
 START = pendulum.datetime(2024, 1, 1, tz="UTC")

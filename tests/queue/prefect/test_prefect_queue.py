@@ -9,6 +9,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+from e2e.brokers import Broker
 from prefect_blocks import PandaStackCredentials
 from prefect_blocks.queue import consume_queue
 from tests.queue.batch import (
@@ -21,7 +22,6 @@ from tests.queue.batch import (
     send_batch,
     send_chunk_batch,
 )
-from tests.queue.brokers import Broker
 
 
 async def _task_runs(flow_run_id: Any) -> list[Any]:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from e2e.procs import ProcessGroup, free_port, port_open, run
+from e2e.proxy import Relay
 from pandastack_local.testing.waiting import wait_for
-from tests.queue.proxy import Relay
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -527,7 +527,7 @@ class Kafka(Broker):
 
 def kafka_jars() -> Path:
     """The directory of Kafka's jars (fetched with Maven the first time, then cached)."""
-    script = Path(__file__).parent / "kafka" / "jars.sh"
+    script = Path(__file__).resolve().parent.parent / "tests" / "queue" / "kafka" / "jars.sh"
     out = subprocess.run([str(script)], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise AssertionError(f"fetching Kafka's jars failed: {out.stderr}")
