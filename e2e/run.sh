@@ -11,6 +11,8 @@ AF=$REPO/.venv-airflow
 PF=$REPO/.venv-prefect
 START=$(date +%s)
 
+# shellcheck source=../scripts/apt-need.sh
+. "$REPO/scripts/apt-need.sh"
 need_apt=()
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_apt+=(postgresql)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
@@ -18,15 +20,8 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 [ -d /usr/share/fonts/truetype/liberation ] || need_apt+=(fonts-liberation)  # text in the screenshots
-# The Kafka queue DAG: Apache Kafka's jars are resolved with Maven and run on Java 17.
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null || need_apt+=(maven)
-if ((${#need_apt[@]})); then
-  echo "e2e: installing ${need_apt[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+need_kafka_tools
+apt_install_missing e2e
 
 # The queue extra: the Airflow workers' PandaStackQueueOperator consumes Kafka (confluent-kafka).
 if [ ! -f "$AF/.e2e-installed" ] || [ pyproject.toml -nt "$AF/.e2e-installed" ] ||

@@ -10,16 +10,12 @@ REPO=$PWD
 CE=${CE:-$REPO/.venv-celery}
 START=$(date +%s)
 
+# shellcheck source=../../scripts/apt-need.sh
+. "$REPO/scripts/apt-need.sh"
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
-if ((${#need_apt[@]})); then
-  echo "test-celery: installing ${need_apt[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
-  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+apt_install_missing test-celery
 
 # shellcheck source=../../scripts/run-dir.sh
 . "$REPO/scripts/run-dir.sh"

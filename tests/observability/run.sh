@@ -10,19 +10,13 @@ REPO=$PWD
 AF=${AF:-$REPO/.venv-airflow}
 PF=${PF:-$REPO/.venv-prefect}
 
+# shellcheck source=../../scripts/apt-need.sh
+. "$REPO/scripts/apt-need.sh"
 need_apt=()
 [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 command -v redis-server >/dev/null || need_apt+=(redis-server)
-# Kafka's trace header: Apache Kafka's jars are resolved with Maven (tests/queue/kafka/jars.sh).
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null || need_apt+=(maven)
-if ((${#need_apt[@]})); then
-  echo "test-observability: installing ${need_apt[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  # Their own services do not start here (no systemd; policy-rc.d): the tests start their own.
-  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+need_kafka_tools
+apt_install_missing test-observability
 "$AF/bin/python" -c 'import prometheus_client, opentelemetry.sdk, redis, confluent_kafka' 2>/dev/null ||
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,queue,test,otel]'
 "$PF/bin/python" -c 'import prometheus_client, opentelemetry.sdk' 2>/dev/null ||

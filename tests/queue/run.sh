@@ -12,19 +12,14 @@ AF=${AF:-$REPO/.venv-airflow}
 PF=${PF:-$REPO/.venv-prefect}
 START=$(date +%s)
 
+# shellcheck source=../../scripts/apt-need.sh
+. "$REPO/scripts/apt-need.sh"
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_apt+=(postgresql)
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need_apt+=(rabbitmq-server)
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null || need_apt+=(maven)
-if ((${#need_apt[@]})); then
-  echo "test-queue: installing ${need_apt[*]} (apt)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  # Their own services do not start here (no systemd; policy-rc.d): this run starts its own.
-  apt-get install -y -q --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
+need_kafka_tools
+apt_install_missing test-queue
 if ! "$AF/bin/python" -c 'import redis, psycopg, pika, boto3, moto.server, hypothesis, confluent_kafka' 2>/dev/null; then
   echo "test-queue: installing the queue extra into $AF"
   "$AF/bin/pip" install -q --disable-pip-version-check -e '.[airflow,local,test,queue]'
