@@ -169,6 +169,28 @@ class Admission:
             f"free of the {self.budget_mb} MB budget ({used} MB {basis})"
         )
 
+    def never_fits(self, template: str, limit_mb: int, count: int) -> str | None:
+        """Why ``count`` new sandboxes of ``limit_mb`` could not be admitted even by an empty
+        server (their need is over the whole budget), naming the field; None when they can be.
+        Such a create is the client's mistake, not a wait: the server answers 400, never the
+        507 a client retries (a queue consumer would wait for room that never comes)."""
+        need = self.need_mb(limit_mb, count)
+        if self.budget_mb is None or need <= self.budget_mb:
+            return None
+        basis = "counts each sandbox's memory limit" if self.policy == "limits" else "counts its use"
+        what = f"template {template!r}: memory_mb {limit_mb}"
+        if count > 1:
+            what = (
+                f"count {count}: {count} sandboxes of template {template!r} "
+                f"(memory_mb {limit_mb}) need {need} MB, which"
+            )
+        return (
+            f"{what} is over this server's whole memory budget of {self.budget_mb} MB (--admission "
+            f"{self.policy} {basis}): it can never be admitted; use a template with less memory_mb"
+            + (" or a smaller count" if count > 1 else "")
+            + ", or start the server with a larger --memory-budget-mb"
+        )
+
     def need_mb(self, limit_mb: int, count: int, copy_of: str | None = None) -> int:
         """What ``count`` new sandboxes of ``limit_mb`` count for (see ``refusal``)."""
         if self.policy == "limits":

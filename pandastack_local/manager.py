@@ -328,6 +328,19 @@ class SandboxManager:
 
     def _admit(self, template: Template, count: int = 1, copy_of: str | None = None) -> None:
         limit = self.config.max_sandboxes
+        # What could not be admitted by an empty server is the client's mistake: a 400 naming the
+        # field, never a capacity refusal its SDK and a queue consumer would wait out for ever.
+        if limit is not None and count > limit:
+            self.metrics.refused("never_fits")
+            raise ApiError(
+                400,
+                f"count {count} is over this server's --max-sandboxes {limit}: it can never be "
+                "admitted; ask for fewer, or start the server with a larger --max-sandboxes",
+            )
+        never = self.admission.never_fits(template.name, template.memory_mb, count)
+        if never is not None:
+            self.metrics.refused("never_fits")
+            raise ApiError(400, never)
         if limit is not None and len(self.sandboxes) + self.pending + count > limit:
             self.metrics.refused("count_cap")
             raise ApiError(503, "no compute capacity available", {"Retry-After": CAPACITY_RETRY_AFTER})

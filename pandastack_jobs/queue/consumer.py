@@ -182,11 +182,26 @@ def reply_sink(transport: Transport) -> Sink:
     return sink
 
 
+class _NotingHandle(JobHandle):
+    """A job's handle that also tells the consumer when its sandbox was created: a create that
+    went through, so the platform had room then (see ``Consumer._room_for_others``)."""
+
+    def __init__(self, created: Callable[[], None]) -> None:
+        super().__init__()
+        self._created = created
+
+    def attach(self, client: Any, sandbox_id: str) -> None:
+        self._created()
+        super().attach(client, sandbox_id)
+
+
 @dataclass
 class _Work:
     delivery: Delivery
     job: QueueJob
     handle: JobHandle = field(default_factory=JobHandle)
+    launched: float = 0.0
+    """When its job was handed to the pool (monotonic): its create came after."""
     drained: bool = False
     outcome: JobOutcome | None = None
     replied: bool = False
@@ -277,6 +292,11 @@ class Consumer:
         self._backoff = api_backoff or Backoff()
         self._probe: Future[None] | None = None
         self._next_probe = 0.0
+        # When a job's create last went through (monotonic; set from the pool's threads), and per
+        # message when the platform last refused its create for capacity, and whether others'
+        # creates went through beside its refusals (``_room_for_others``).
+        self._last_create = float("-inf")
+        self._refused_at: dict[str, tuple[float, bool]] = {}
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -418,7 +438,7 @@ class Consumer:
             )
             self._dead_at_once(delivery, DeadLetter(reason, "max_deliveries", None, count), job)
             return
-        self._pending.append(_Work(delivery, job))
+        self._pending.append(_Work(delivery, job, handle=_NotingHandle(self._created)))
 
     def _group(self, work: _Work) -> Any:
         """A message on its second or later delivery runs alone: if it is what killed its
@@ -438,6 +458,7 @@ class Consumer:
             for work in chunk:
                 self._pending.remove(work)
                 work.slot, work.chunked = slot, len(chunk) > 1
+                work.launched = time.monotonic()
                 self._running[id(work)] = work
             self.stats.in_flight = len(self._running)
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
@@ -590,7 +611,17 @@ class Consumer:
             self.transport.release(d, 0)
             self.stats.released_on_drain += 1
             return True
-        if not work.consumer_error and platform_failure(outcome):
+        room = outcome.kind is FailureKind.CAPACITY and self._room_for_others(work)
+        if room:
+            # Others' creates go through while this one's is refused: the platform is up and has
+            # room, just not for this request (a template bigger than what is free). Counted like
+            # a job failure, and nobody else's pulling is paused for it.
+            logger.warning(
+                "message %s: refused for capacity while other creates go through; this delivery counts (%s)",
+                d.message_id,
+                outcome.reason,
+            )
+        elif not work.consumer_error and platform_failure(outcome):
             spoiled = self._uncharged.get(d.message_id)
             if spoiled < MAX_UNCHARGED:
                 # The platform failed, not the message: give it back uncounted, stop pulling.
@@ -628,6 +659,7 @@ class Consumer:
                 work.replied = True
             self.transport.ack(d)
             self._uncharged.forget(d.message_id)
+            self._refused_at.pop(d.message_id, None)
             self.stats.acked += 1
             self.observer.acked(d)
             return True
@@ -640,11 +672,32 @@ class Consumer:
             self.stats.redelivered += 1
             return True
         reason = outcome.reason
+        if room:
+            reason = f"refused for capacity while other messages' creates went through: {reason}"
         if outcome.redeliver:
             reason = f"gave up after {count} deliveries (max_deliveries={self.max_deliveries}): {reason}"
         tails = {"stdout_tail": outcome.stdout_tail[-2000:], "stderr_tail": outcome.stderr_tail[-2000:]}
         self._dead(d, DeadLetter(reason, kind, None, count, **tails), work.job)
         return True
+
+    def _created(self) -> None:
+        """A job's create went through (called from a pool thread: one float written)."""
+        self._last_create = time.monotonic()
+
+    def _room_for_others(self, work: _Work) -> bool:
+        """Whether another job's create went through since this message's create was refused
+        last (or, the first time, since its job started): then a capacity refusal of it is not
+        the platform being full for everyone. The first refusal seen here with no such create
+        is taken for the platform's (uncharged, pulling paused); once others' creates went
+        through beside its refusals, every later refusal of it counts too (when the others are
+        done, its refusals say nothing new about the platform)."""
+        mid = work.delivery.message_id
+        last, misfit = self._refused_at.pop(mid, (work.launched, False))
+        misfit = misfit or self._last_create > min(last, work.launched)
+        self._refused_at[mid] = (time.monotonic(), misfit)
+        while len(self._refused_at) > 10_000:  # bounded: the oldest go first
+            del self._refused_at[next(iter(self._refused_at))]
+        return misfit
 
     def _dead(self, delivery: Delivery, why: DeadLetter, job: QueueJob | None) -> None:
         # The stored dead letter names both ids (docs/queues.md), whatever the broker keeps beside it.
@@ -652,6 +705,7 @@ class Consumer:
         why = dataclasses.replace(why, id=ident, broker_id=delivery.message_id)
         self.transport.dead_letter(delivery, why)
         self._uncharged.forget(delivery.message_id)
+        self._refused_at.pop(delivery.message_id, None)
         self.stats.dead_lettered += 1
         # One line per dead letter, whatever the kind: a reader finds it by either id.
         logger.warning(

@@ -10,8 +10,10 @@ message, so a consumer killed mid-job leaves its messages to the next owner.
 The commit also carries, in its metadata (which only a group member can write),
 how often each open offset was started: the next owner's delivery count. A
 release publishes the message to ``<topic>.retry`` with its broker id, its
-count so far and a not-before time in headers (that topic is the consumer's:
-grant producers no write access to it), then settles the original; a retry
+count so far and a not-before time in headers, signed as RabbitMQ's stamps are
+(``stamps.py``: HMAC under a key only consumers hold; a record there whose
+signature does not verify is dead-lettered naming the header ``sig``, and its
+not-before is not obeyed), then settles the original; a retry
 partition whose head is not yet due is paused and resumed when due, so the
 main partitions never wait. Dead letters go to ``<topic>.dead`` (the original
 key and value, the reason in the ``why`` header), results to ``<topic>.results``.
@@ -53,6 +55,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from ..tracing import valid_traceparent
+from .stamps import MAX_PRIOR, Stamper
 from .transport import (
     BrokerUnavailable,
     DeadLetter,
@@ -115,6 +118,7 @@ class _Ref:
     # message was first sent (epoch seconds), and its W3C trace context (valid, else None).
     sent: str | None = None
     traceparent: str | None = None
+    malformed: tuple[str, str] | None = None  # a retry record without a consumer's stamp
 
 
 @dataclass
@@ -177,7 +181,7 @@ class KafkaTransport(Transport):
 
     lease_seconds: float | None = None  # the group membership is the lease: no per-message extension
 
-    def __init__(self, url: str, lease_seconds: float | None = None) -> None:
+    def __init__(self, url: str, lease_seconds: float | None = None, secret: str | None = None) -> None:
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.topic = query.pop("topic", "pandastack-jobs")
@@ -191,6 +195,7 @@ class KafkaTransport(Transport):
         if order not in ("", "key"):
             raise ValueError(f"kafka URL: order={order!r} is not 'key' (or leave it out)")
         self.ordered = order == "key"
+        self._stamps = Stamper(self.topic, secret)  # the retry topic's headers (module docstring)
         self.retry_topic, self.dead_topic, self.reply_topic = (
             f"{self.topic}.retry",
             f"{self.topic}.dead",
@@ -247,6 +252,12 @@ class KafkaTransport(Transport):
         if self._producer is None:
             self._producer = Producer(self._conf("producer", **{"enable.idempotence": True, "linger.ms": 5}))
             self._ensure_topics()
+            if not self._stamps.signed:
+                logger.warning(
+                    "Kafka: neither PANDASTACK_QUEUE_SECRET nor PANDASTACK_API_KEY is set: %s's "
+                    "stamps are not secret, only its ACLs keep producers out",
+                    self.retry_topic,
+                )
             return
         try:
             self._producer.list_topics(self.topic, timeout=5)
@@ -446,7 +457,7 @@ class KafkaTransport(Transport):
                 held.add(tp)
                 continue
             ref = self._ref(m, part, topic, partition, offset)
-            if topic == self.retry_topic:
+            if topic == self.retry_topic and ref.malformed is None:  # a forged not-before holds nothing
                 due = _float(_headers(m).get("not_before"))
                 if due > now:
                     self._consumers[topic].seek(TopicPartition(topic, partition, offset))
@@ -472,28 +483,34 @@ class KafkaTransport(Transport):
         logger.info("kafka: %s[%d] taken up again from its committed offset", topic, partition)
 
     def _ref(self, m: Message, part: _Part, topic: str, partition: int, offset: int) -> _Ref:
-        mid, prior = f"{partition}-{offset}", 0
+        """Where the record is, and whose: a retry record is the message its stamp names, if a
+        consumer signed it; otherwise a record of its own, to be dead-lettered naming ``sig``."""
+        mid, prior, malformed = f"{partition}-{offset}", 0, None
         h = _headers(m)
         kind, ms = m.timestamp()
         sent = f"{ms / 1000:.3f}" if kind and ms > 0 else None
         if topic == self.retry_topic:
-            given, count = h.get("mid", ""), _int(h.get("count"))
-            if given and count > 0:
+            given, count, due = h.get("mid", ""), _count(h.get("count")), h.get("not_before", "")
+            if count > 0 and self._stamps.verify(h.get("sig"), given, count, m.value() or b"", due):
                 mid, prior = given, count
                 sent = h.get("sent") or sent  # the original record's time, carried by the release
-            else:  # not written by a consumer: a record of its own
+            else:
                 mid = f"retry:{partition}-{offset}"
+                problem = f"is not a consumer's signature: {self.retry_topic} is written by consumers only"
+                malformed = ("headers.sig", problem)
         key = m.key()
+        key_bytes = key.encode() if isinstance(key, str) else key
         return _Ref(
             topic,
             partition,
             offset,
             part.epoch,
-            key.encode() if isinstance(key, str) else key,
+            key_bytes,
             prior,
             mid,
             sent=sent,
             traceparent=valid_traceparent(h.get("traceparent")),
+            malformed=malformed,
         )
 
     def _hand_out(self, n: int) -> list[Delivery]:
@@ -517,8 +534,11 @@ class KafkaTransport(Transport):
             part = self._parts[(rec.ref.topic, rec.ref.partition)]
             part.starts[rec.ref.offset] = part.starts.get(rec.ref.offset, 0) + 1
             count = rec.ref.prior + part.starts[rec.ref.offset]
-            extra = {"sent": rec.ref.sent, "traceparent": rec.ref.traceparent}
-            out.append(Delivery(rec.ref.message_id, rec.value, count, handle=rec.ref, extra=extra))
+            ref = rec.ref
+            extra = {"sent": ref.sent, "traceparent": ref.traceparent}
+            out.append(
+                Delivery(ref.message_id, rec.value, count, handle=ref, extra=extra, malformed=ref.malformed)
+            )
         return out
 
     def _resume_due(self) -> None:
@@ -624,10 +644,12 @@ class KafkaTransport(Transport):
             self._buffer.insert(0, _Record(ref, delivery.body, due=time.time() + max(0.0, delay_seconds)))
             self._busy.pop(ref.key, None)
             return
+        due = f"{time.time() + max(0.0, delay_seconds):.3f}"
         headers = {
             "mid": delivery.message_id,
             "count": str(delivery.count),
-            "not_before": f"{time.time() + max(0.0, delay_seconds):.3f}",
+            "not_before": due,
+            "sig": self._stamps.sign(delivery.message_id, delivery.count, delivery.body, due),
             **({"sent": ref.sent} if ref.sent else {}),
             **({"traceparent": ref.traceparent} if ref.traceparent else {}),
         }
@@ -797,11 +819,12 @@ def _headers(m: Message) -> dict[str, str]:
     return out
 
 
-def _int(text: str | None) -> int:
-    try:
-        return max(0, int(text or "0"))
-    except ValueError:
-        return 0
+def _count(text: str | None) -> int:
+    """A retry record's ``count`` header: a consumer writes a plain positive decimal; anything
+    else is -1 (and its stamp cannot verify)."""
+    if not text or not text.isascii() or not text.isdecimal() or len(text) > len(str(MAX_PRIOR)):
+        return -1
+    return int(text)
 
 
 def _float(text: str | None) -> float:

@@ -4,7 +4,8 @@ what of a failed job is the platform's doing rather than the message's.
 An outage of the platform (the API unreachable, answering 5xx, or out of capacity) is never
 charged to a message (docs/queues.md, "When PandaStack is down"): the consumer gives back what it
 pulled without counting the delivery, pauses pulling, probes the API with a bounded, jittered
-backoff, and resumes when it answers.
+backoff, and resumes when it answers. A capacity refusal of one message while others' creates
+go through is that message's, not an outage: it counts (the consumer's ``_room_for_others``).
 """
 
 from __future__ import annotations

@@ -22,16 +22,13 @@ dead-letter exchange) bound to ``<queue>.dead``.
 
 The signing key: ``secret=``, else ``$PANDASTACK_QUEUE_SECRET``, else the PandaStack API
 key (``$PANDASTACK_API_KEY``: every consumer holds it, no producer may), each run through
-HMAC with the queue's name.
+HMAC with the queue's name (``stamps.py``, shared with Kafka's retry topic).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
-import os
 import time
 import uuid
 from typing import Any
@@ -40,6 +37,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 
+from .stamps import Stamper
 from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, Transport
 
 logger = logging.getLogger(__name__)
@@ -69,11 +67,8 @@ class RabbitMQTransport(Transport):
             f"{self.name}.results",
         )
         self.work_queue = f"{self.name}.work"
-        secret = secret or os.environ.get("PANDASTACK_QUEUE_SECRET") or os.environ.get("PANDASTACK_API_KEY")
-        self.signed = bool(secret)
-        self._key = hmac.new(
-            (secret or "").encode(), b"pandastack-queue-stamp\x1f" + self.name.encode(), "sha256"
-        ).digest()
+        self._stamps = Stamper(self.name, secret)
+        self.signed = self._stamps.signed
         self._conn: pika.BlockingConnection | None = None
         self._ch: Any = None
         self._generation = 0
@@ -154,12 +149,8 @@ class RabbitMQTransport(Transport):
             waited += 0.1
         return out
 
-    def _sign(self, mid: str, prior: int, body: bytes) -> str:
-        raw = f"{mid}\x1f{prior}\x1f".encode() + hashlib.sha256(body).digest()
-        return hmac.new(self._key, raw, "sha256").hexdigest()
-
     def _stamp(self, mid: str, prior: int, body: bytes) -> dict[str, Any]:
-        return {_MID: mid, _PRIOR: prior, _SIG: self._sign(mid, prior, body)}
+        return {_MID: mid, _PRIOR: prior, _SIG: self._stamps.sign(mid, prior, body)}
 
     def _take(self, tag: int, original: pika.BasicProperties, body: bytes) -> Delivery | None:
         """A producer's message: give it its id (publish it, signed, to the work queue; then ack
@@ -195,12 +186,7 @@ class RabbitMQTransport(Transport):
         mid, prior, sig = h.get(_MID), h.get(_PRIOR), h.get(_SIG)
         try:
             if not (
-                isinstance(mid, str)
-                and isinstance(prior, int)
-                and not isinstance(prior, bool)
-                and 0 <= prior < 1_000_000
-                and isinstance(sig, (str, bytes))
-                and hmac.compare_digest(self._sign(mid, prior, body).encode(), _as_bytes(sig))
+                isinstance(mid, str) and isinstance(prior, int) and self._stamps.verify(sig, mid, prior, body)
             ):
                 raise ValueError("unsigned")
             count = h.get("x-delivery-count", 0)  # the broker's: set when it requeued the message
@@ -337,10 +323,6 @@ def dead_reason(headers: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a dead-lettered message carries (empty for a broker-side reject)."""
     raw = (headers or {}).get("x-pandastack-dead")
     return json.loads(raw) if raw else {}
-
-
-def _as_bytes(value: str | bytes) -> bytes:
-    return value if isinstance(value, bytes) else value.encode()
 
 
 def _why(exc: BaseException) -> str:

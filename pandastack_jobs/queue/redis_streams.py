@@ -11,6 +11,12 @@ entry: an entry's own fields are the producer's, and an entry with any field
 but ``body`` is dead-lettered, naming it. The delivery count is the group's
 ``times_delivered`` (the pending list) plus ``prior``. Without persistence (AOF
 or RDB) a Redis restart loses the stream: run Redis with ``appendonly yes``.
+
+A receive runs ``XAUTOCLAIM`` and ``XREADGROUP`` inside a Lua script that empties, on
+Redis's side, any field value over ``max_body_bytes`` and returns its size instead: an
+oversized body never reaches the consumer (it is dead-lettered, malformed, field ``body``,
+and the dead letter copies the whole body on Redis's side too). Scripts cannot block, so an
+idle receive polls the script every 0.1 s until its wait is over.
 """
 
 from __future__ import annotations
@@ -53,6 +59,58 @@ redis.call('HDEL', KEYS[2], ARGV[2])
 local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'sent', ARGV[6], 'traceparent', ARGV[7])
 redis.call('HSET', KEYS[2], id, cjson.encode({mid = ARGV[4], prior = tonumber(ARGV[5])}))
 return id
+"""
+# KEYS: stream. ARGV: group, consumer, lease ms, count, cap (-1: none). The entries a dead consumer
+# left (XAUTOCLAIM), then new ones (XREADGROUP; it does not block in a script): each as {id, fields,
+# oversized, claimed}. A field value over the cap is emptied here, its name and size listed in
+# ``oversized``, so its bytes never leave Redis; a field name over 256 bytes is cut to 64.
+_RECEIVE = """
+local cap, n = tonumber(ARGV[5]), tonumber(ARGV[4])
+local out = {}
+local function take(entries, claimed)
+  for _, e in ipairs(entries) do
+    local fields = e[2]
+    if fields then
+      local kept, over = {}, {}
+      for i = 1, #fields, 2 do
+        local name, value = fields[i], fields[i + 1]
+        if cap >= 0 and #name > 256 then name = string.sub(name, 1, 64) end
+        if cap >= 0 and #value > cap then
+          table.insert(over, name)
+          table.insert(over, #value)
+          value = ''
+        end
+        table.insert(kept, name)
+        table.insert(kept, value)
+      end
+      table.insert(out, {e[1], kept, over, claimed})
+    end
+  end
+end
+local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', n)
+take(claimed[2], 1)
+if #out < n then
+  local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n - #out, 'STREAMS', KEYS[1], '>')
+  if got then take(got[1][2], 0) end
+end
+return out
+"""
+# KEYS: stream, dead, ids. ARGV: group, entry id, mid, why, body. Dead-letter the entry with its own
+# body, copied on Redis's side (a body too large to receive was never read), else the one given.
+_DEAD = """
+local body = ARGV[5]
+local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+if e[1] then
+  local f = e[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 'body' then body = f[i + 1] end
+  end
+end
+redis.call('XADD', KEYS[2], '*', 'body', body, 'mid', ARGV[3], 'why', ARGV[4])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+return 1
 """
 # KEYS: stream, requeued. ARGV: dead entry id, body. Requeue a dead letter once: a new entry (a new
 # message: its own id, delivery 1), the dead entry marked with it in the same script.
@@ -105,6 +163,8 @@ class RedisStreamsTransport(Transport):
         self._promote = r.register_script(_PROMOTE)
         self._readd = r.register_script(_READD)
         self._requeue = r.register_script(_REQUEUE)
+        self._receive = r.register_script(_RECEIVE)
+        self._dead = r.register_script(_DEAD)
 
     def close(self) -> None:
         if self._r is not None:
@@ -125,40 +185,32 @@ class RedisStreamsTransport(Transport):
     # -- the queue -------------------------------------------------------------------------------
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
-        r = self._redis()
-        self._call(self._promote, keys=[self.stream, self._delayed, self._ids], args=[time.time()])
+        self._redis()
         lease_ms = int((self.lease_seconds or 60) * 1000)
-        # [next id, entries] (Redis 6.2), [next id, entries, deleted ids] (Redis 7)
-        claimed = self._call(
-            r.xautoclaim, self.stream, self.group, self.consumer, lease_ms, "0-0", count=max_messages
-        )[1]
-        out = self._deliveries([(eid, fields) for eid, fields in claimed if fields], claimed=True)
-        if len(out) < max_messages:
-            got = self._call(
-                r.xreadgroup,
-                self.group,
-                self.consumer,
-                {self.stream: ">"},
-                count=max_messages - len(out),
-                block=max(1, int(wait_seconds * 1000)),
-            )
-            for _, entries in got or []:
-                out.extend(self._deliveries(entries, claimed=False))
-        return out
+        cap = -1 if self.max_body_bytes is None else self.max_body_bytes
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            self._call(self._promote, keys=[self.stream, self._delayed, self._ids], args=[time.time()])
+            args = [self.group, self.consumer, lease_ms, max_messages, cap]
+            got = self._call(self._receive, keys=[self.stream], args=args) or []
+            if got or time.monotonic() >= deadline:
+                return self._deliveries(got)
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def _deliveries(self, entries: list[tuple[bytes, dict[bytes, bytes]]], claimed: bool) -> list[Delivery]:
+    def _deliveries(self, entries: list[list[Any]]) -> list[Delivery]:
         if not entries:
             return []
-        books = self._call(self._redis().hmget, self._ids, [eid for eid, _ in entries])
-        pairs = zip(entries, books, strict=True)
-        return [self._delivery(eid, fields, book, claimed) for (eid, fields), book in pairs]
+        books = self._call(self._redis().hmget, self._ids, [e[0] for e in entries])
+        return [self._delivery(e, book) for e, book in zip(entries, books, strict=True)]
 
-    def _delivery(
-        self, eid: bytes, fields: dict[bytes, bytes], book: bytes | None, claimed: bool
-    ) -> Delivery:
-        """One entry as a delivery; nothing in it can raise out of receive()."""
-        entry_id = eid.decode()
+    def _delivery(self, entry: list[Any], book: bytes | None) -> Delivery:
+        """One entry (``[id, flat fields, oversized, claimed]`` from the receive script) as a
+        delivery; nothing in it can raise out of receive()."""
+        eid, flat, over, claimed = entry
+        entry_id = _text(eid)
+        fields: dict[bytes, bytes] = {}
         try:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
             times = 1
             if claimed:
                 info = self._call(self._redis().xpending_range, self.stream, self.group, eid, eid, 1)
@@ -177,6 +229,10 @@ class RedisStreamsTransport(Transport):
             if unknown:
                 name = unknown[0].decode("utf-8", "replace")[:64]
                 problem = "is not a stream entry field a producer may set (body, sent, traceparent)"
+                d.malformed = (name, problem)
+            elif over:  # emptied by the receive script: never read
+                name, size = _text(over[0])[:64], int(over[1])
+                problem = f"is {size} bytes, over the {self.max_body_bytes}-byte limit (not read)"
                 d.malformed = (name, problem)
             return d
         except BrokerUnavailable:
@@ -216,8 +272,12 @@ class RedisStreamsTransport(Transport):
         self._settle(delivery, ("zadd", (self._delayed, {member: time.time() + delay_seconds})))
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
-        fields = {"body": delivery.body, "mid": delivery.message_id, "why": why.to_json()}
-        self._settle(delivery, ("xadd", (self.dead_stream, fields)))
+        """To ``<stream>:dead`` with the entry's own body, copied on Redis's side (see _DEAD)."""
+        self._call(
+            self._dead,
+            keys=[self.stream, self.dead_stream, self._ids],
+            args=[self.group, delivery.handle, delivery.message_id, why.to_json(), delivery.body],
+        )
 
     def _dead_entries(self) -> Any:
         """(dead entry id, record) of every dead letter not yet requeued, oldest first."""

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pandastack
+import pytest
 
 from pandastack_local import LocalServer
 from pandastack_local.testing import procs
@@ -166,14 +168,52 @@ def test_405_lists_every_method_of_the_path(local_http: httpx.Client) -> None:
 
 
 def test_memory_budget_refusal_says_when_to_retry(make_local_server) -> None:
-    # The sum-of-limits policy (a 2 GiB base sandbox in 1000 MB); the default admission by use
-    # says the same: tests/security/test_admission_by_use.py.
-    server = make_local_server(memory_budget_mb=1000, pool_size=0, admission="limits")
-    r = httpx.post(
-        f"{server.url}/v1/sandboxes", json={}, headers={"Authorization": f"Bearer {server.api_key}"}
-    )
-    assert r.status_code == 507 and r.json()["error"].startswith("insufficient host memory")
-    assert r.headers["retry-after"] == "1"
+    # The sum-of-limits policy (a second 2 GiB base sandbox in 3000 MB while one lives); the
+    # default admission by use says the same: tests/security/test_admission_by_use.py.
+    server = make_local_server(memory_budget_mb=3000, pool_size=0, admission="limits")
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    held = httpx.post(f"{server.url}/v1/sandboxes", json={}, headers=headers, timeout=60)
+    assert held.status_code == 201, held.text
+    try:
+        r = httpx.post(f"{server.url}/v1/sandboxes", json={}, headers=headers, timeout=60)
+        assert r.status_code == 507 and r.json()["error"].startswith("insufficient host memory")
+        assert r.headers["retry-after"] == "1"
+    finally:
+        httpx.delete(f"{server.url}/v1/sandboxes/{held.json()['id']}", headers=headers, timeout=60)
+
+
+def test_a_create_that_can_never_fit_is_a_400_naming_the_field(make_local_server) -> None:
+    """Red team (issue 33): a template whose memory limit is over the whole budget (--admission
+    limits) was answered 507 every time: the SDK retried it for its whole create-retry budget and
+    a queue consumer took it for the platform being full, pausing every tenant. It is the
+    client's mistake: a 400 at once naming ``memory_mb`` and the fix, no Retry-After, never
+    resent by the SDK; a fork of more children than --max-sandboxes likewise names ``count``.
+    Seen failing before: 507 with Retry-After 1, and the SDK's create took its whole 20 s."""
+    server = make_local_server(memory_budget_mb=1000, pool_size=0, admission="limits", max_sandboxes=2)
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    r = httpx.post(f"{server.url}/v1/sandboxes", json={"template": "base"}, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "memory_mb 2048" in error and "1000 MB" in error and "--memory-budget-mb" in error, error
+    assert "retry-after" not in r.headers
+    client = server.client(max_create_retry_seconds=20)
+    started = time.monotonic()
+    with pytest.raises(pandastack.BadRequestError, match="memory_mb 2048"):
+        client.sandboxes.create(template="base")
+    assert time.monotonic() - started < 5  # answered at once, never resent
+    roomy = make_local_server(pool_size=0, max_sandboxes=2)
+    sb = roomy.client().sandboxes.create(template="base")
+    try:
+        r = httpx.post(
+            f"{roomy.url}/v1/sandboxes/{sb.id}/fork",
+            json={"count": 3},
+            headers={"Authorization": f"Bearer {roomy.api_key}"},
+            timeout=60,
+        )
+        assert r.status_code == 400 and "count 3" in r.json()["error"], r.text
+        assert "--max-sandboxes 2" in r.json()["error"], r.text
+    finally:
+        sb.kill()
 
 
 def test_no_sandbox_without_a_ttl_unless_persistent(local_http: httpx.Client) -> None:

@@ -159,19 +159,22 @@ def test_server_counters_move_as_jobs_succeed_fail_and_are_refused(server: Local
 
 
 def test_a_memory_refusal_is_counted_and_the_keyless_flag_opens_metrics() -> None:
-    # A budget below the template's limit: every create is refused for memory (507).
+    # A budget with room for one base sandbox (2048 MB): the second create is refused for memory
+    # (507); one over the whole budget can never fit (400, never_fits).
     with LocalServer(
-        pool_size=0, admission="limits", memory_budget_mb=64, extra_args=["--metrics-without-key"]
+        pool_size=0, admission="limits", memory_budget_mb=3000, extra_args=["--metrics-without-key"]
     ) as s:
-        r = httpx.post(
-            f"{s.url}/v1/sandboxes",
-            json={"template": "base"},
-            headers={"Authorization": f"Bearer {s.api_key}"},
-        )
-        assert r.status_code == 507, r.text
+        headers = {"Authorization": f"Bearer {s.api_key}"}
+        held = httpx.post(f"{s.url}/v1/sandboxes", json={"template": "base"}, headers=headers, timeout=60)
+        assert held.status_code == 201, held.text
+        try:
+            r = httpx.post(f"{s.url}/v1/sandboxes", json={"template": "base"}, headers=headers, timeout=60)
+            assert r.status_code == 507, r.text
+        finally:
+            httpx.delete(f"{s.url}/v1/sandboxes/{held.json()['id']}", headers=headers, timeout=60)
         samples = scrape(s.url)  # no key: --metrics-without-key
         assert value(samples, "pandastack_local_refusals_total", reason="memory") == 1
-        assert value(samples, "pandastack_local_memory_budget_bytes") == 64 * 1024 * 1024
+        assert value(samples, "pandastack_local_memory_budget_bytes") == 3000 * 1024 * 1024
 
 
 def test_server_series_stay_fixed_over_1000_distinct_requests(server: LocalServer) -> None:

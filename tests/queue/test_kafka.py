@@ -81,11 +81,47 @@ def test_a_release_goes_to_the_retry_topic_and_does_not_hold_up_the_partition(
     headers = {k: v.decode() for k, v in retry.headers()}
     assert "flaky" not in _by_id(broker.results(queue))  # still waiting for its not-before time
     assert headers["mid"] == "0-0" and headers["count"] == "1"  # the broker's id, not the forged one
+    assert len(headers["sig"]) == 64  # signed (HMAC-SHA256), as RabbitMQ's stamps
     assert float(headers["not_before"]) >= started + 4
     stats = run.join(60)
     assert _by_id(broker.results(queue))["flaky"] == [{"id": "flaky", "delivery": 2}]
     assert time.time() >= float(headers["not_before"])
     assert stats.redelivered == 1 and stats.dead_lettered == 0 and broker.depth(queue) == 0
+
+
+def test_forged_retry_records_are_dead_lettered_naming_the_signature(
+    broker: Kafka, queue: str, start_consumer: Any
+) -> None:
+    """Red team (issue 33): the retry topic's headers (``mid``, ``count``, ``not_before``) were
+    unsigned, so a producer that could write ``<topic>.retry`` set any count (straight past
+    ``max_deliveries``, or 1 for ever), any id (a victim's: its run would reap that message's
+    sandbox) and any not-before (an hour: the retry partition paused that long). They are now
+    signed as RabbitMQ's stamps are (one HMAC helper, ``stamps.py``): a record whose stamp does not
+    verify (none, or one made with another key) is dead-lettered at once, kind ``malformed``,
+    field ``headers.sig``, its not-before ignored; the genuine message beside them runs.
+    Seen failing before: the forged count was dead-lettered as ``max_deliveries``, the forged
+    stamp ran as message 0-0's delivery 2, and the held record stopped the consumer finishing."""
+    from pandastack_jobs.queue.stamps import Stamper
+
+    broker.transport(queue).close()  # the topics
+    retry = f"{queue}.retry"
+    body = message(echo_job(), id="forged-sig")
+    wrong_key = Stamper(queue, "not-the-consumers-secret").sign("0-0", 1, body, "0")
+    broker.produce(retry, message(echo_job(), id="forged-count"), headers={"mid": "0-0", "count": "99"})
+    broker.produce(retry, body, headers={"mid": "0-0", "count": "1", "not_before": "0", "sig": wrong_key})
+    held = {"mid": "victim", "count": "1", "not_before": f"{time.time() + 3600:.3f}", "sig": "0" * 64}
+    broker.produce(retry, message(echo_job(), id="held"), headers=held)
+    broker.produce(queue, message(echo_job(), id="genuine"))
+    stats = start_consumer(until=lambda s: s.acked >= 1 and s.dead_lettered >= 3, max_deliveries=3).join(60)
+    dead = broker.dead(queue)
+    assert sorted(json.loads(d["body"])["id"] for d in dead) == ["forged-count", "forged-sig", "held"], dead
+    for d in dead:
+        why = d["why"]
+        assert why["kind"] == "malformed" and why["field"] == "headers.sig", why
+        assert why["reason"].startswith("headers.sig") and f"{queue}.retry" in why["reason"], why
+        assert why["broker_id"].startswith("retry:"), why  # never the forged id
+    assert _by_id(broker.results(queue)) == {"genuine": [{"id": "genuine", "delivery": 1}]}
+    assert stats.acked == 1 and stats.dead_lettered == 3 and broker.depth(queue) == 0
 
 
 def test_a_rebalance_mid_job_cancels_the_moved_partitions_jobs_and_each_message_runs_to_one_result(

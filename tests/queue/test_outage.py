@@ -9,6 +9,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from pandastack_jobs.queue import Consumer
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
 from tests.queue.conftest import DEFAULTS, LEASE, Running, echo_job, message
+from tests.support.server import write_template
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -106,3 +108,47 @@ def test_a_platform_outage_is_never_charged_to_a_message(
     assert "pulling resumed" in logged, logged[-4000:]
     assert server.api_key not in logged
     assert server.client().sandboxes.list() == []
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_template_that_never_fits_is_dead_lettered_and_pauses_no_one(
+    broker: Broker,
+    queue: str,
+    make_local_server: Callable[..., LocalServer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Red team (issue 33): a message naming a template over the server's whole memory budget
+    (``--admission limits``: base's 2048 MB in 1500) was refused 507 on every delivery, taken
+    for the platform being out of capacity: uncharged, and each refusal paused pulling for every
+    tenant. The server now answers 400 naming ``memory_mb``: the message is dead-lettered at
+    once (``bad_request``), never retried, and the other tenants' messages run with no pause.
+    Seen failing before: no dead letter within 30 s, pulling paused."""
+    caplog.set_level(logging.INFO, logger="pandastack_jobs")
+    small = write_template(tmp_path / "small", name="small", cpu=1, memory_mb=256, disk_mb=16)
+    server = make_local_server(
+        template_dirs=[str(small)], pool_size=0, admission="limits", memory_budget_mb=1500
+    )
+    t = broker.transport(queue)
+    t.send(message(echo_job(), id="greedy", template="base"))
+    others = [f"other-{i}" for i in range(3)]
+    for i in others:
+        t.send(message(echo_job(), id=i))
+    consumer = Consumer(
+        broker.transport(queue, LEASE),
+        ConnectionConfig(api_url=server.url, api_key=server.api_key, max_create_retry_seconds=20),
+        defaults={**DEFAULTS, "template": "small"},
+        concurrency=2,
+        max_deliveries=3,
+        release_delay=0.2,
+        poll_seconds=0.3,
+    )
+    running = Running(consumer, lambda s: s.acked >= len(others) and s.dead_lettered >= 1)
+    stats = running.join(30)
+    (dead,) = broker.dead(queue)
+    assert dead["why"]["kind"] == "bad_request" and dead["why"]["deliveries"] == 1, dead["why"]
+    assert "memory_mb 2048" in dead["why"]["reason"] and "--memory-budget-mb" in dead["why"]["reason"]
+    assert sorted(r["id"] for r in broker.results(queue)) == others
+    assert stats.uncharged == 0 and stats.acked == len(others), stats
+    assert "pulling paused" not in caplog.text, caplog.text[-4000:]
+    assert broker.depth(queue) == 0

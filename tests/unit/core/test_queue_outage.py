@@ -102,6 +102,41 @@ def test_a_message_the_api_chokes_on_alone_is_counted_after_ten_outages(fake: Fa
     assert t.counts["choke"] == MAX_UNCHARGED + 2 and c.stats.uncharged == MAX_UNCHARGED
 
 
+def test_a_request_only_others_fit_is_counted_and_pauses_no_one(
+    fake: FakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Red team (issue 33): one message whose create the platform refuses for capacity every time
+    (a template bigger than the room there is) while other messages' creates go through. It was
+    taken for the platform being full: uncharged MAX_UNCHARGED times, and each refusal paused
+    pulling for every tenant. Now, once another create went through since its last refusal, its
+    refusals count toward max_deliveries and pause no one. Seen failing before: it was delivered
+    MAX_UNCHARGED + 3 times and pulling was paused at each."""
+    caplog.set_level(logging.INFO, logger="pandastack_jobs")
+    t = _Memory()
+    refusal = pandastack.ServerError("insufficient host memory for sandbox: need 4096 MB, 900 MB free")
+    refusal.fake_status = 507  # type: ignore[attr-defined]
+    refusal.fake_wire_retry_after = 0.05  # type: ignore[attr-defined]
+    fake.fail("create", refusal, match="big", times=None)
+    fake.script("echo", result={"fine": True})
+    t.put({"id": "small-0", "command": "echo 0", "tenant": "others"})
+    t.put({"id": "big", "command": "echo big", "tenant": "greedy", "options": {"template": "big"}})
+    smalls = [f"small-{i}" for i in range(12)]
+    for i in range(1, 12):
+        t.put({"id": smalls[i], "command": f"echo {i}", "tenant": "others"})
+    c, thread = _start(fake, t, concurrency=2, max_deliveries=3)
+    try:
+        wait_for("the dead letter", lambda: t.dead, timeout=20, interval=0.01)
+        wait_for("the others acked", lambda: len(t.acked), timeout=20, interval=0.01, check=lambda n: n == 12)
+    finally:
+        _stop(c, thread)
+    assert t.counts["big"] <= 4, t.counts  # at most its first refusal went uncounted
+    assert caplog.text.count("pulling paused") <= 1, caplog.text
+    ((mid, why),) = t.dead
+    assert mid == "big" and why.kind == "capacity" and why.deliveries == 3, why
+    assert "other messages' creates went through" in why.reason and "insufficient host memory" in why.reason
+    assert sorted(t.acked) == sorted(smalls)
+
+
 def test_every_dead_letter_gets_one_log_line_naming_both_ids(
     fake: FakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
