@@ -78,8 +78,8 @@ if __name__ == "__main__":
 
 def spin_message_job(iterations: int) -> dict[str, Any]:
     """The message's job: :func:`spin_job`'s own source as a script with relative paths and the
-    ``JOB_INPUT``/``JOB_RESULT`` the core gives every job (a function job's fixed ``/work`` paths
-    would collide between the mates of a chunk, each in its own directory)."""
+    ``JOB_INPUT``/``JOB_RESULT`` the core gives every job, as a function job's script reads and
+    writes them (each mate of a chunk runs in its own directory)."""
     from pandastack_jobs.pyfunc import function_source
 
     script = "from __future__ import annotations\n\n" + function_source(spin_job) + MAIN

@@ -16,20 +16,26 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .exceptions import JobArgumentsError
-from .spec import INPUT_PATH, RESULT_PATH
+from .spec import INPUT_PATH, RESULT_PATH, WORKDIR
 
-SCRIPT_PATH = "/work/_pandastack_fn.py"
-COMMAND = f"python3 {SCRIPT_PATH}"
+SCRIPT_NAME = "_pandastack_fn.py"
+SCRIPT_PATH = f"{WORKDIR}/{SCRIPT_NAME}"
+# The script and its input and result follow the job's own work directory (``$JOB_WORKDIR``,
+# ``$JOB_INPUT``, ``$JOB_RESULT``, see guest.job_env): a queue chunk's mates each run in their
+# own (pandastack_jobs/queue/chunks.py), where fixed /work paths would miss every one of them.
+# The defaults keep a plain job's paths when the variables are unset.
+COMMAND = f'python3 "${{JOB_WORKDIR:-{WORKDIR}}}/{SCRIPT_NAME}"'
 
 _RUNNER = """
 
 if __name__ == "__main__":
     import json as _json
+    import os as _os
 
-    with open({input_path!r}, encoding="utf-8") as _f:
+    with open(_os.environ.get("JOB_INPUT", {input_path!r}), encoding="utf-8") as _f:
         _payload = _json.load(_f)
     _value = {name}(*_payload["args"], **_payload["kwargs"])
-    with open({result_path!r}, "w", encoding="utf-8") as _f:
+    with open(_os.environ.get("JOB_RESULT", {result_path!r}), "w", encoding="utf-8") as _f:
         _json.dump(_value, _f)
 """
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 
 import pytest
 
@@ -45,16 +45,20 @@ def _double(x: int, *, scale: int = 2) -> dict:
 def test_function_job_round_trip_as_plain_python(tmp_path) -> None:
     job = function_job(_double, [21], {"scale": 2})
     assert job["command"].startswith("python3 ")
-    script = next(iter(job["files"].values()))
+    ((path, script),) = job["files"].items()
     assert "pickle" not in script
-    # Run the generated script with local paths swapped in: JSON in, JSON out.
-    script = script.replace("/work/input.json", str(tmp_path / "in.json")).replace(
-        "/work/result.json", str(tmp_path / "out.json")
-    )
-    (tmp_path / "in.json").write_text(json.dumps(job["input"]))
-    (tmp_path / "fn.py").write_text(script)
-    subprocess.run([sys.executable, str(tmp_path / "fn.py")], check=True)
-    assert json.loads((tmp_path / "out.json").read_text()) == {"value": 42}
+    # A chunk mate's layout: the job's own directory, named only by $JOB_WORKDIR, $JOB_INPUT and
+    # $JOB_RESULT (guest.job_env); the command and the script follow them, not /work.
+    (tmp_path / path.rsplit("/", 1)[1]).write_text(script)
+    (tmp_path / "input.json").write_text(json.dumps(job["input"]))
+    env = {
+        "PATH": os.environ["PATH"],
+        "JOB_WORKDIR": str(tmp_path),
+        "JOB_INPUT": str(tmp_path / "input.json"),
+        "JOB_RESULT": str(tmp_path / "result.json"),
+    }
+    subprocess.run(["sh", "-c", job["command"]], check=True, env=env, cwd="/")
+    assert json.loads((tmp_path / "result.json").read_text()) == {"value": 42}
 
 
 def test_function_job_refuses_non_json_arguments() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from e2e.brokers import Broker
+from pandastack_jobs import function_job
 from pandastack_local import LocalServer
 from pandastack_local.testing.waiting import wait_for
 from tests.queue.conftest import live_sandboxes, wait_results
@@ -245,3 +246,40 @@ def test_a_timed_out_mate_leaves_nothing_running_for_the_next(
     assert json.loads(dead["body"])["id"] == "t0" and dead["why"]["kind"] == "timeout", dead
     # The second mate of the chunk (its own directory), so in the sandbox t0 timed out in.
     assert [r["result"] for r in broker.results(queue)] == [{"id": "t1", "alive": 0, "dir": "/work/.chunk/1"}]
+
+
+def _square(n: int, *, tag: str) -> dict:
+    """A function job's body: where it ran and what it computed."""
+    import os
+
+    return {"n": n, "square": n * n, "tag": tag, "dir": os.getcwd()}
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_function_job_mates_run_in_a_chunk_on_their_first_delivery(
+    broker: Broker, queue: str, start_consumer: Any
+) -> None:
+    """Eight messages built by ``function_job`` (what the Celery, Prefect and Airflow function paths
+    send), chunk size 8: every mate runs its script from its own directory, reads its own input and
+    writes its own result, so each is acked on delivery 1 with its own square; none is redelivered."""
+    t = broker.transport(queue)
+    for i in range(8):
+        job = function_job(_square, [i], {"tag": f"f{i}"})
+        doc = {"id": f"f{i}", "tenant": "acme", **{k: job[k] for k in ("command", "files", "input")}}
+        t.send(json.dumps(doc).encode())
+    stats = start_consumer(
+        until=lambda s: s.acked + s.dead_lettered >= 8, concurrency=1, chunk_size=8, max_deliveries=3
+    ).join(120)
+    results = {r["id"]: r for r in wait_results(broker, queue, 8)}
+    assert sorted(results) == [f"f{i}" for i in range(8)], results
+    for i in range(8):
+        r = results[f"f{i}"]
+        assert r["ok"] and r["delivery"] == 1, r
+        assert (r["result"]["n"], r["result"]["square"], r["result"]["tag"]) == (i, i * i, f"f{i}"), r
+    assert stats.redelivered == 0 and stats.dead_lettered == 0 and broker.dead(queue) == []
+    by_sandbox: dict[str, list[str]] = defaultdict(list)
+    for mid, r in results.items():
+        by_sandbox[r["sandbox_id"]].append(mid)
+    shared = [mid for mids in by_sandbox.values() if len(mids) > 1 for mid in mids]
+    assert shared and stats.chunks >= 1, by_sandbox  # mates did share a sandbox
+    assert all(results[m]["result"]["dir"].startswith("/work/.chunk/") for m in shared), results

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pandastack_jobs.pyfunc import SCRIPT_PATH
+from pandastack_jobs.pyfunc import COMMAND, SCRIPT_PATH
 from pandastack_jobs.spec import INPUT_PATH
 from pandastack_jobs.testing import FakeClient, FakeSandbox, Script
 from tests.unit.airflow.tis import TI, context
@@ -90,7 +90,7 @@ def test_task_pandastack_ships_the_source_and_json_arguments_and_returns_the_jso
         payload = json.loads(sb.files[INPUT_PATH])
         return Script(result=add(*payload["args"], **payload["kwargs"]))
 
-    wired.script("python3 /work/_pandastack_fn.py", Script(action=job))
+    wired.script(COMMAND, Script(action=job))
     assert _decorated(add, 2, b=5).execute(context()) == 7
     source = shipped["source"]
     # Annotations stay text in the sandbox (typing's names are not imported there).
