@@ -139,8 +139,9 @@ def fork_copy_cap(template: Template) -> int:
 class StreamBudget:
     """The server-wide budget of memory held for slow peers (``--stream-buffer-mb``): a reader of
     exec/stream or of a file (GET fs) holds STREAM_HOLD_BYTES of it from start to end (both stream,
-    with back-pressure from the client's socket); an upload (PUT fs) holds that plus its body, which
-    is kept whole until all of it has arrived (so a broken upload never touches the file). A
+    with back-pressure from the client's socket); an upload (PUT fs) holds its body as it arrives,
+    kept whole until all of it has (so a broken upload never touches the file; one that stalls is
+    a 408 after ``BODY_IDLE_SECONDS``). A
     transfer that would pass the budget is refused: 503 with Retry-After, or 413 when it is larger
     than the whole budget (it could never fit)."""
 

@@ -194,3 +194,27 @@ def test_unfinished_uploads_are_held_within_the_budget() -> None:
                 break
             time.sleep(0.2)
         assert r.status_code == 200 and r.json()["bytes"] == FILE_BYTES, r.text
+
+
+def test_uploads_that_declare_a_size_and_send_nothing_hold_no_budget() -> None:
+    """The red team's lock-out: PUT fs requests that declare 31 MiB and never send a byte of it.
+    Seen failing before: the declared size was reserved at once, so two such sockets (of a 40 MiB
+    budget) made every tenant's transfers a 503 for as long as they stayed open. Now a body holds
+    the budget only as its bytes arrive, so a full-size upload goes through beside them."""
+    with _server(budget_mb=40) as (_server_, http, sid):
+        idle = [
+            _request(
+                _server_.port,
+                f"PUT /v1/sandboxes/{sid}/fs?path=/work/idle",
+                _server_.api_key,
+                f"Content-Length: {31 * MiB}\r\n",
+            )
+            for _ in range(READERS)
+        ]
+        try:
+            time.sleep(1)  # the server has read every request's headers
+            r = http.put(f"/v1/sandboxes/{sid}/fs", params={"path": "/work/up"}, content=b"y" * FILE_BYTES)
+            assert r.status_code == 200 and r.json()["bytes"] == FILE_BYTES, r.text
+        finally:
+            for s in idle:
+                s.close()

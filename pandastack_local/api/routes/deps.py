@@ -3,6 +3,7 @@ dependencies that resolve the manager, the addressed sandbox and the ``?path=`` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -18,6 +19,10 @@ def error(status: int, message: str, headers: dict[str, str] | None = None, **ex
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
 
+# A request body that sends nothing for this long is refused (408): it holds a reservation.
+BODY_IDLE_SECONDS = 30.0
+
+
 def too_large(limit: int) -> ApiError:
     return ApiError(413, f"request body too large: the limit is {limit} bytes")
 
@@ -25,22 +30,29 @@ def too_large(limit: int) -> ApiError:
 async def read_body(request: Request, limit: int, reserve: Callable[[int], None] | None = None) -> bytearray:
     """The request body, refused with 413 as soon as it is known to pass ``limit``: from
     Content-Length before anything is read, else while it streams in. ``reserve(n)``: called
-    before ``n`` more bytes are held (a declared length at once), so a budget can refuse them.
+    before ``n`` more bytes are held, as they arrive (never for a declared length: a client that
+    declares a size and sends nothing holds nothing), so a budget can refuse them. A body that
+    stalls for ``BODY_IDLE_SECONDS`` is a 408: a stalled upload holds what it sent no longer.
     Returned as the buffer it was read into (no copy: an upload is up to ``limit`` bytes)."""
     length = request.headers.get("content-length", "")
-    declared = int(length) if length.isdigit() else 0
-    if declared > limit:
+    if length.isdigit() and int(length) > limit:
         raise too_large(limit)
-    if reserve is not None and declared:
-        reserve(declared)
     body = bytearray()
-    async for chunk in request.stream():
-        if reserve is not None and len(body) + len(chunk) > declared:
-            reserve(len(body) + len(chunk) - max(len(body), declared))
-        body += chunk
-        if len(body) > limit:
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), BODY_IDLE_SECONDS)
+        except StopAsyncIteration:
+            return body
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body stalled: no byte of it for {BODY_IDLE_SECONDS:g} s; send it whole"
+            ) from None
+        if len(body) + len(chunk) > limit:
             raise too_large(limit)
-    return body
+        if reserve is not None:
+            reserve(len(chunk))
+        body += chunk
 
 
 async def json_body(request: Request, *, required: bool = True) -> dict[str, Any]:

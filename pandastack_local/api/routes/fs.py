@@ -153,8 +153,9 @@ async def fs_read(request: Request, manager: Manager, sb: SandboxDep, path: Gues
 @router.put("")
 async def fs_write(request: Request, manager: Manager, sb: SandboxDep, path: GuestPath) -> JSONResponse:
     """The body is held whole before the agent writes anything (a broken upload never touches the
-    file), so it is held under the server-wide transfer budget (``limits.StreamBudget``)."""
-    with request.app.state.stream_budget.hold("PUT fs") as hold:
+    file), so it is held under the server-wide transfer budget (``limits.StreamBudget``): its bytes
+    as they arrive, nothing before (a request that declares a size and sends nothing holds nothing)."""
+    with request.app.state.stream_budget.hold("PUT fs", 0) as hold:
         body = await read_body(request, MAX_FILE_BODY_BYTES, hold.grow)
         result = await agent_fs(
             manager, sb, lambda sock, watch: agent_client.write_file(sock, path, body, watch)
