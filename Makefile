@@ -67,7 +67,7 @@ typecheck: venvs
 # network: it needs only the venvs and runs in seconds. The core's files run in both venvs.
 test-unit: venvs
 	$(TIMED) test-unit-airflow $(AF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/airflow \
-		tests/unit/test_memory_guard_order.py $(PYTEST_ARGS)
+		tests/unit/test_memory_guard_order.py tests/unit/test_oom_score_walk.py $(PYTEST_ARGS)
 	$(TIMED) test-unit-prefect $(PF)/bin/python -m pytest -q --timeout=60 tests/unit/core tests/unit/prefect $(PYTEST_ARGS)
 	$(TIMED) test-unit-celery $(CE)/bin/python -m pytest -q --timeout=60 tests/unit/celery $(PYTEST_ARGS)
 

@@ -119,22 +119,24 @@ def keep_ahead(
 
 
 def _descends_from(stat_text: str | None, ancestor: int) -> bool:
-    """Whether the process whose ``/proc/<pid>/stat`` is ``stat`` has ``ancestor`` above it. A
-    sandbox's processes stay below its launcher (its pid namespace's init adopts orphans)."""
-    for _ in range(64):  # deeper than any sandbox's tree; a loop guard, never a limit met
+    """Whether the process whose ``/proc/<pid>/stat`` is ``stat_text`` has ``ancestor`` above it.
+    A sandbox's processes stay below its launcher (its pid namespace's init adopts orphans), at
+    any depth; a loop (a pid reused mid-walk) ends the walk."""
+    seen: set[int] = set()
+    while True:
         try:
             ppid = int((stat_text or "").rsplit(")", 1)[1].split()[1])
         except (IndexError, ValueError):
             return False
         if ppid == ancestor:
             return True
-        if ppid <= 1:
+        if ppid <= 1 or ppid in seen:
             return False
+        seen.add(ppid)
         try:
             stat_text = Path(f"/proc/{ppid}/stat").read_text()
         except OSError:
             return False
-    return False
 
 
 def _read_at(fd: int, name: str) -> str | None:
