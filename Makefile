@@ -60,8 +60,7 @@ typecheck: venvs
 	$(CE)/bin/mypy pandastack_celery celery_app
 
 # The unit tier (tests/unit): the core's lifecycle, classification, detached jobs, reaping and pools,
-# the executor's state machine, the Airflow and Prefect adapters' translation and the local server's
-# memory guard order (on cgroup files the test writes), against in-memory
+# the executor's state machine, and the Airflow and Prefect adapters' translation, against in-memory
 # fakes (pandastack_jobs.testing.FakeClient: the real SDK with its wire in memory;
 # airflow_provider.executors.testing.FakeSandboxDriver). No server, sandbox, template, root or
 # network: it needs only the venvs and runs in seconds. The core's files run in both venvs.

@@ -6,9 +6,7 @@ sandbox on a 24 GiB host; admitting by what the live sandboxes actually use (``u
 default) lets hundreds live at once. The price of overcommit is that the host can run short,
 so a guard watches the total, as Kubernetes' node-pressure eviction does. Past the budget it
 first stops whole the sandboxes that hold more than the start reserve with no job running (files
-on their tmpfs disk or in /dev/shm, a paused sandbox: memory no job stop frees), and under bwrap
-those running a job whose shared pages (cgroup ``shmem``: those files) are more than the reserve or
-most of what they hold (a ``sleep`` exec kept in flight does not make files a job), largest first:
+on their tmpfs disk or in /dev/shm, a paused sandbox: memory no job stop frees), largest first:
 running work before idle caches, as the kernel reclaims cache before it kills. Then it
 ranks the sandboxes running a job by their working set above their share and stops the job of the first (a
 SIGKILL: the exec answers 137, as after an OOM kill, a redeliverable failure), then the next,
@@ -76,10 +74,8 @@ class Stop:
     whole: bool
     held_mb: int  # its working set when it was picked
     share_mb: int
-    # Picked as a holder (more than the start reserve that no job stop frees), before any job.
+    # Picked as an idle holder (no job running, more than the start reserve), before any job.
     idle: bool = False
-    # Of ``held_mb``, what no job stop frees: all of it with no job running, else its shared pages.
-    holding_mb: int = 0
 
 
 @dataclass
@@ -101,9 +97,7 @@ class GuardCounts:
 class Admission:
     """Decides whether a create fits, and relieves memory pressure when the host runs short."""
 
-    def __init__(
-        self, policy: str, budget_mb: int | None, cgroups: Cgroups, shmem_holds: bool = True
-    ) -> None:
+    def __init__(self, policy: str, budget_mb: int | None, cgroups: Cgroups) -> None:
         if policy not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, not {policy!r}")
         self.budget_mb = budget_mb
@@ -115,9 +109,6 @@ class Admission:
                 "memory limits (--admission limits) instead"
             )
         self.policy = policy if self.measurable else "limits"
-        # Whether a running sandbox's shared pages (cgroup ``shmem``) are files it holds (bwrap), or
-        # tell nothing (gVisor: the sentry keeps all guest memory, a job's too, in one memfd).
-        self.shmem_holds = shmem_holds
         # name -> the monotonic time the guard stopped its job (until it holds no more than its share)
         self.job_stopped: dict[str, float] = {}
         self.counts = GuardCounts()
@@ -222,20 +213,11 @@ class Admission:
         self.last_total_mb = total // MB
         reserve = START_RESERVE_MB * MB
         running = {o.name for o in occupants if o.running_job}
-        # What no job stop frees: all a sandbox holds with no job running; with one, its shared
-        # pages (tmpfs files on its disk and in /dev/shm), which a tenant could otherwise hold behind
-        # a ``sleep`` exec kept in flight to pass for a running job.
-        shmem = self._shmem(running) if self.shmem_holds else {}
-        holding = {n: held[n] if n not in running else min(shmem.get(n, 0), held[n]) for n in held}
-        # Holders: above the reserve, and what they hold is mostly such memory (or more than the
-        # reserve of it). They are reclaimed whole, before any running job (as the kernel drops
-        # cache before it kills), so they never shrink the share of the sandboxes that run jobs.
-        holders = [
-            n
-            for n, b in held.items()
-            if b > reserve and (holding[n] > reserve or 2 * holding[n] > b or n not in running)
-        ]
-        users = [n for n, b in held.items() if b > reserve and n in running and n not in holders]
+        # Idle holders: no job running, more than the reserve. Stopping a job frees nothing of
+        # theirs; they are reclaimed whole, before any running job (as the kernel drops cache
+        # before it kills), so they never shrink the share of the sandboxes that run jobs.
+        holders = [n for n, b in held.items() if b > reserve and n not in running]
+        users = [n for n, b in held.items() if b > reserve and n in running]
         idle = total - sum(held[n] for n in users) - sum(held[n] for n in holders)
         share = max((budget - idle) // max(len(users), 1), reserve)
         self._forget_settled(held, share)
@@ -244,16 +226,14 @@ class Admission:
         self.counts.passes_over_budget += 1
         excess = total - budget + budget // MIN_RECLAIM_FRACTION
         plan: list[Stop] = []
-        for name in sorted(holders, key=lambda n: (holding[n], held[n]), reverse=True):
+        for name in sorted(holders, key=lambda n: held[n], reverse=True):
             if excess <= 0:
                 return plan
             stopped_at = self.job_stopped.get(name)
             if stopped_at is not None and now - stopped_at < SETTLE_SECONDS:
                 excess -= held[name]  # its job was just stopped: its memory is on its way back
                 continue
-            plan.append(
-                Stop(name, True, held[name] // MB, share // MB, idle=True, holding_mb=holding[name] // MB)
-            )
+            plan.append(Stop(name, True, held[name] // MB, share // MB, idle=True))
             excess -= held[name]
         # Then Kubernetes' order: by use above the share (the same share for all: by use), largest first.
         for name in sorted((n for n in users if held[n] > share), key=lambda n: held[n], reverse=True):
@@ -266,9 +246,6 @@ class Admission:
             plan.append(Stop(name, stopped_at is not None, held[name] // MB, share // MB))
             excess -= held[name] - (0 if stopped_at is not None else reserve)
         return plan
-
-    def _shmem(self, names: Iterable[str]) -> dict[str, int]:
-        return {n: self.cgroups.shmem(n) or 0 for n in names}
 
     def stopped(self, stop: Stop, now: float | None = None) -> None:
         """The manager carried ``stop`` out: count it, and watch whether its memory comes back."""

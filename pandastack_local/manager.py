@@ -130,10 +130,7 @@ class SandboxManager:
         self.sandboxes_dir = self.state_dir / "sandboxes"
         instance = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         self.cgroups = Cgroups.detect(instance)
-        # Under gVisor a sandbox's shared pages are the sentry's memory, a job's included (admission.py).
-        self.admission = Admission(
-            config.admission, config.memory_budget_mb, self.cgroups, shmem_holds=config.isolation != "gvisor"
-        )
+        self.admission = Admission(config.admission, config.memory_budget_mb, self.cgroups)
         # False once start() finds the server could not lower its own OOM score (no floor then)
         self.server_protected = True
         self.backend = make_backend(config.isolation, self.cgroups, instance, config.runsc)
@@ -435,13 +432,7 @@ class SandboxManager:
                 f"memory pressure on the host: the sandboxes used more than the "
                 f"{self.admission.budget_mb} MB budget and this one held {pick.held_mb} MB"
             )
-            running_holder = pick.idle and self._runs_job(sb)
-            if running_holder:
-                why = (
-                    f"{over}, {pick.holding_mb} MB of it in files on tmpfs or /dev/shm (which stopping "
-                    "its job would not free): reclaimed before any job's own memory"
-                )
-            elif pick.idle:
+            if pick.idle:
                 why = (
                     f"{over} with no job running (files or a paused sandbox's memory, which only "
                     "stopping it frees): reclaimed before any running job"
@@ -455,7 +446,7 @@ class SandboxManager:
                 or await asyncio.to_thread(self.backend.stop_job, sb.process) is None
             )
             if whole:
-                pick = Stop(pick.name, True, pick.held_mb, pick.share_mb, pick.idle, pick.holding_mb)
+                pick = Stop(pick.name, True, pick.held_mb, pick.share_mb, pick.idle)
                 sb.ended = f"stopped by the memory guard ({why})"
                 sb.status = "failed"
                 sb.last_active = time.monotonic()
@@ -472,15 +463,7 @@ class SandboxManager:
             else:
                 sb.log(f"{why}: its job was stopped (SIGKILL, exit 137)")
             self.admission.stopped(pick)
-            what = (
-                "sandbox, files held"
-                if running_holder
-                else "sandbox, no job running"
-                if pick.idle
-                else "sandbox"
-                if whole
-                else "job"
-            )
+            what = "sandbox, no job running" if pick.idle else "sandbox" if whole else "job"
             done.append(f"{sb.id} ({pick.held_mb} MB: {what})")
         if done:
             counts = self.admission.counts

@@ -324,20 +324,6 @@ class Cgroups:
                     return max(usage - int(value), 0)
         return usage
 
-    def shmem(self, name: str) -> int | None:
-        """The sandbox's shared memory pages: files on tmpfs (its disk, ``/dev/shm``), memfd and
-        SysV shm. Stopping its job frees none of it but memfd pages; only stopping the sandbox does."""
-        base = self.bases.get("memory")
-        if base is None:
-            return None
-        key = "total_shmem" if self.version == "v1" else "shmem"
-        with contextlib.suppress(OSError, ValueError):
-            for line in (base / name / "memory.stat").read_text().splitlines():
-                field_name, _, value = line.partition(" ")
-                if field_name == key:
-                    return int(value)
-        return None
-
     def set_memory_limit(self, name: str, limit_bytes: int) -> bool:
         """Change a live sandbox's memory limit (the pressure guard's squeeze and its lift)."""
         base = self.bases.get("memory")
