@@ -67,6 +67,7 @@ from pandastack_local.isolation import mountns, process
 from pandastack_local.isolation.backend import Kill, Ready
 from pandastack_local.isolation.bwrap.sandbox import bind_sources, exposed_sources
 from pandastack_local.isolation.cgroups import Cgroups
+from pandastack_local.isolation.guest_dir import agent_path
 from pandastack_local.isolation.gvisor.boot_images import BootImages, boot_image_key
 from pandastack_local.isolation.idmap import UidPool
 from pandastack_local.templates import pythonenv
@@ -217,7 +218,7 @@ def oci_config(
                 process.GUEST_PYTHON,
                 "-I",
                 "-S",
-                "/.pandastack/agent.py",
+                agent_path(guest_dir),  # its bytecode, compiled once per server (guest_dir.py)
                 f"{GUEST_SOCKET_DIR}/{AGENT_SOCKET}",
                 json.dumps(limits),
             ],
