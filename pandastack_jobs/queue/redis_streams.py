@@ -41,29 +41,31 @@ logger = logging.getLogger(__name__)
 _PROMOTE = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 100)
 for _, m in ipairs(due) do
-  if redis.call('ZREM', KEYS[2], m) == 1 then
-    local d = cjson.decode(m)
-    local id = redis.call('XADD', KEYS[1], '*', 'body', d.body,
-                          'sent', d.sent or '', 'traceparent', d.tp or '')
-    redis.call('HSET', KEYS[3], id, cjson.encode({mid = d.mid, prior = d.prior}))
-  end
+  -- The XADD first: if it fails (a stream at its last possible id), nothing was removed yet.
+  local d = cjson.decode(m)
+  local id = redis.call('XADD', KEYS[1], '*', 'body', d.body,
+                        'sent', d.sent or '', 'traceparent', d.tp or '')
+  redis.call('ZREM', KEYS[2], m)
+  redis.call('HSET', KEYS[3], id, cjson.encode({mid = d.mid, prior = d.prior}))
 end
 return #due
 """
-# KEYS: stream, ids. ARGV: group, entry id, body, mid, prior, sent, traceparent. Settle the entry
-# and re-add the message at once, its bookkeeping with it.
+# KEYS: stream, ids. ARGV: group, entry id, body, mid, prior, sent, traceparent. Re-add the message
+# and settle the entry at once, its bookkeeping with it. The XADD first: Lua does not roll back, and
+# an XADD can fail (a producer's entry at the stream's last possible id): then nothing is settled.
 _READD = """
+local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'sent', ARGV[6], 'traceparent', ARGV[7])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], ARGV[2])
-local id = redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'sent', ARGV[6], 'traceparent', ARGV[7])
 redis.call('HSET', KEYS[2], id, cjson.encode({mid = ARGV[4], prior = tonumber(ARGV[5])}))
 return id
 """
 # KEYS: stream. ARGV: group, consumer, lease ms, count, cap (-1: none). The entries a dead consumer
 # left (XAUTOCLAIM), then new ones (XREADGROUP; it does not block in a script): each as {id, fields,
-# oversized, claimed}. A field value over the cap is emptied here, its name and size listed in
-# ``oversized``, so its bytes never leave Redis; a field name over 256 bytes is cut to 64.
+# oversized, claimed}. A field value over the cap, or every value of an entry whose values together
+# pass it, is emptied here, its name and size listed in ``oversized``, so its bytes never leave
+# Redis; a field name over 256 bytes is cut to 64.
 _RECEIVE = """
 local cap, n = tonumber(ARGV[5]), tonumber(ARGV[4])
 local out = {}
@@ -71,11 +73,12 @@ local function take(entries, claimed)
   for _, e in ipairs(entries) do
     local fields = e[2]
     if fields then
-      local kept, over = {}, {}
+      local kept, over, total = {}, {}, 0
+      for i = 2, #fields, 2 do total = total + #fields[i] end
       for i = 1, #fields, 2 do
         local name, value = fields[i], fields[i + 1]
         if cap >= 0 and #name > 256 then name = string.sub(name, 1, 64) end
-        if cap >= 0 and #value > cap then
+        if cap >= 0 and (#value > cap or total > cap) then
           table.insert(over, name)
           table.insert(over, #value)
           value = ''

@@ -267,3 +267,42 @@ def test_an_oversized_row_is_refused_without_reading_its_body(broker: Broker, qu
     t.dead_letter(big, DeadLetter(f"body: {big.malformed[1]}", "malformed", "body", 1))
     (dead,) = broker.dead(queue)
     assert len(dead["body"]) == 4 << 20 and dead["why"]["field"] == "body"
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_an_entry_of_many_fields_each_under_the_bound_is_not_read_whole(broker: Broker, queue: str) -> None:
+    """Red team: the Redis receive bounded each field, not the entry: 100 fields of 900 KB (each
+    under the 1 MiB bound) were read whole into the consumer (about 180 MB for one entry). Now the
+    entry's fields together are bounded: past it every value stays on the broker and the entry is
+    malformed. Seen failing before: the delivery carried its body and its 20 fields of 900 KB
+    (malformed only for the extra field's name)."""
+    import redis
+
+    t = broker.transport(queue)
+    t.max_body_bytes = 1 << 20
+    r = redis.Redis.from_url(broker.url(queue).split("?")[0])
+    fields = {"body": b"{}", **{f"f{i}": b"x" * (900 << 10) for i in range(20)}}
+    r.xadd(queue, fields)
+    (d,) = t.receive(10, 5)
+    assert d.malformed is not None and d.body == b"", (d.malformed, len(d.body))
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_stream_at_its_last_possible_id_loses_no_released_message(broker: Broker, queue: str) -> None:
+    """Red team: one ``XADD <stream> <max id>`` (allowed by ``+xadd``) makes every later XADD on
+    the stream fail; the release script settled the entry before its XADD failed (Lua does not
+    roll back), so a released message was lost: not in the stream, the pending list or the
+    delayed set. Now the re-add comes first: when it fails, nothing of the message was touched
+    (the release raises; the entry stays pending and is delivered again). Seen failing before:
+    the entry was gone from the pending list."""
+    import redis
+
+    t = broker.transport(queue)
+    t.send(_msg("true", id="honest"))
+    (d,) = t.receive(10, 5)
+    r = redis.Redis.from_url(broker.url(queue).split("?")[0])
+    r.execute_command("XADD", queue, "18446744073709551615-18446744073709551615", "body", "{}")
+    with pytest.raises(redis.ResponseError, match="last possible"):
+        t.release(d, 0)
+    pending = r.xpending(queue, t.group)
+    assert pending["pending"] == 1, pending
