@@ -136,6 +136,11 @@ def fork_copy_cap(template: Template) -> int:
     return template.disk_mb * MiB
 
 
+# A request body that sends nothing for this long is refused (408, api/routes/deps.read_body): a
+# stalled upload would hold its connection and what it sent of the transfer budget.
+BODY_IDLE_SECONDS = 30.0
+
+
 class StreamBudget:
     """The server-wide budget of memory held for slow peers (``--stream-buffer-mb``): a reader of
     exec/stream or of a file (GET fs) holds STREAM_HOLD_BYTES of it from start to end (both stream,

@@ -13,13 +13,19 @@ mistake or a missing thing), its description says so (docs/local-server.md, "Dif
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from pandastack_local import __version__
-from pandastack_local.limits import MAX_COMMAND_BYTES, MAX_EXEC_TIMEOUT_SECONDS, MAX_TTL_SECONDS
+from pandastack_local.limits import (
+    BODY_IDLE_SECONDS,
+    MAX_COMMAND_BYTES,
+    MAX_EXEC_TIMEOUT_SECONDS,
+    MAX_TTL_SECONDS,
+)
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 INT = {"type": "integer"}
@@ -193,6 +199,11 @@ def op(
         out["requestBody"] = {
             "required": True,
             "content": {"application/octet-stream": {"schema": BINARY}},
+        }
+    if "requestBody" in out:  # deps.read_body: a body that sends nothing for a while
+        responses["408"] = {
+            "description": f"the request body stalled: no byte of it for {BODY_IDLE_SECONDS:g} s",
+            "content": {"application/json": {"schema": ERROR}},
         }
     if query:
         out["parameters"] = query
@@ -516,7 +527,24 @@ def install(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if not cache:
-            cache.update(describe(app))
+            cache.update(_this_server(describe(app), app))
         return cache
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _this_server(doc: dict[str, Any], app: FastAPI) -> dict[str, Any]:
+    """What depends on this server's flags: a fork's ``count`` is at most ``--max-sandboxes``
+    (more can never be admitted: a 400), so the document says so."""
+    manager = getattr(app.state, "manager", None)
+    limit = getattr(getattr(manager, "config", None), "max_sandboxes", None)
+    if not limit:
+        return doc
+    fork = copy.deepcopy(BODIES["fork"])
+    fork["properties"]["count"]["maximum"] = min(fork["properties"]["count"]["maximum"], limit)
+    for operations in doc["paths"].values():
+        for operation in operations.values():
+            content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+            if content.get("schema") is BODIES["fork"]:
+                content["schema"] = fork
+    return doc

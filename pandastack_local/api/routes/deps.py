@@ -11,16 +11,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
-from pandastack_local.limits import MAX_JSON_BODY_BYTES
+from pandastack_local.limits import BODY_IDLE_SECONDS, MAX_JSON_BODY_BYTES
 from pandastack_local.manager import ApiError, Sandbox, SandboxManager
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
-
-
-# A request body that sends nothing for this long is refused (408): it holds a reservation.
-BODY_IDLE_SECONDS = 30.0
 
 
 def too_large(limit: int) -> ApiError:
