@@ -103,6 +103,10 @@ _CONSUMER_ONLY = frozenset(
 _PRODUCER_ONLY = frozenset({"linger.ms", "acks", "compression.type", "batch.size", "message.timeout.ms"})
 
 
+# How often backlog() asks again after a retriable answer, half a second apart.
+BACKLOG_ATTEMPTS = 6
+
+
 @dataclass
 class _Ref:
     """The handle of one delivery: which record of which ownership of its partition."""
@@ -769,13 +773,20 @@ class KafkaTransport(Transport):
         if self._admin is None:  # kept: the consumer's metrics read the backlog every few seconds
             self._admin = AdminClient(self._conf("admin"))
         admin = self._admin
-        try:
-            return {
-                "ready": self._lag(admin, self.topic, self.group),
-                "delayed": self._lag(admin, self.retry_topic, f"{self.group}.retry"),
-            }
-        except KafkaException as exc:
-            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
+        for attempt in range(BACKLOG_ATTEMPTS):
+            try:
+                return {
+                    "ready": self._lag(admin, self.topic, self.group),
+                    "delayed": self._lag(admin, self.retry_topic, f"{self.group}.retry"),
+                }
+            except KafkaException as exc:
+                error = exc.args[0]
+                # A retriable answer (the group coordinator still loading its offsets, just after
+                # a start or a move) is asked again; anything else, or the last, is the broker's.
+                if not error.retriable() or attempt == BACKLOG_ATTEMPTS - 1:
+                    raise BrokerUnavailable(f"Kafka at {self._hosts}: {error.str()}") from None
+                time.sleep(0.5)
+        return None  # not reached: the last attempt returns or raises
 
     @staticmethod
     def _lag(admin: AdminClient, topic: str, group: str) -> int:
