@@ -528,7 +528,9 @@ def test_a_job_writing_into_the_agents_pipes_costs_the_server_nothing(
     # for room in the pipe nor gets lost, and both sides keep serving.
     sandbox.exec("nohup python3 /work/attack.py 4 >/dev/null 2>&1 &")
     time.sleep(0.5)
-    children = security_client.sandboxes.fork_tree(sandbox.id, 1)
+    # A fork checkpoints a sandbox whose job floods on every core it can get: 8 s alone, past the
+    # SDK's 30 s default once in a loaded CI run (load 20-40). A hang still fails, at 120 s.
+    children = security_server.client(timeout=120).sandboxes.fork_tree(sandbox.id, 1)
     try:
         for box in (sandbox, *children):
             assert box.exec("echo up", timeout_seconds=20).stdout == "up\n"
