@@ -72,7 +72,7 @@ _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the modul
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
-_JOIN_SECONDS = 10.0  # how long the first receive waits for the group's first assignment
+_JOIN_SECONDS = 30.0  # how long the first receive waits for the first assignment (a loaded join: >10 s)
 # A commit that fails with these means the partition is no longer ours (a rebalance).
 _FENCED = frozenset(
     {
