@@ -255,16 +255,25 @@ def _assert_freed(sb: Any, flooded: Flooded) -> None:
 
 def flood_within_limit(server: LocalServer, kind: str) -> Flooded:
     """Flood ``kind`` in a fresh sandbox and assert the host lost at most its limit plus slack,
-    and got it all back once the sandbox was deleted. A flood past the bound runs once more: a
-    neighbour's burst of memory lands in one run, a leak in both."""
+    and got it all back once the sandbox was deleted. A flood past the bound runs again, up to
+    three runs: a neighbour's burst of memory (other suites beside this one) lands in one run, a
+    leak in every one. A flood refused before it queued a byte (its report says so) cost the host
+    nothing of its own: only its refusal is asserted, by the caller (measuring the host then
+    measures the neighbours alone)."""
     client = server.client()
     try:
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
             sb = client.sandboxes.create(template="flood")
             try:
                 flooded = _flood(sb, kind)
+                if (
+                    flooded.report is not None
+                    and flooded.report.get("queued") == 0
+                    and not flooded.report.get("made")
+                ):
+                    return flooded
                 within = flooded.drop <= _allowed(flooded)
-                if within or attempt == 2:
+                if within or attempt == 3:
                     assert within, (
                         f"{kind}: the host lost {flooded.drop // MIB} MiB while a "
                         f"{FLOOD_TEMPLATE['memory_mb']} MB sandbox flooded (at most "
