@@ -37,6 +37,7 @@ from pandastack_local.isolation.process import (
     MAX_SOCKET_PATH,
     SandboxProcess,
     host_descendants,
+    host_processes,
     keep_ahead,
     stop,
 )
@@ -409,15 +410,18 @@ class SandboxManager:
 
     def _keep_ahead(self, occupants: list[Occupant]) -> None:
         """A server that could not lower its own OOM score set no floor for its sandboxes
-        (``process.keep_ahead``): raise what a job lowered, each pass, and say so once a pass."""
+        (``process.keep_ahead``): raise what a job lowered, each pass, and say so once a pass.
+        Without cgroups, one /proc walk a pass serves every sandbox (not one walk each)."""
         raised = 0
+        table: list[tuple[int, bytes, int, int]] | None = None
         for o in occupants:
             sb = self.sandboxes.get(o.name)
             if self.cgroups.bases or sb is None:
                 raised += keep_ahead(o.name, self.cgroups.pids(o.name))
             else:  # no cgroups (a non-root server on cgroup v1): the launcher's process tree
                 pid = sb.process.pid
-                raised += keep_ahead(o.name, host_descendants(pid), launcher=pid)
+                table = host_processes() if table is None else table
+                raised += keep_ahead(o.name, host_descendants(pid, table), launcher=pid)
         if raised:
             log.warning("memory guard: raised %d sandbox process(es) back to oom_score_adj 800", raised)
 

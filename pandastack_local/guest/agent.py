@@ -697,12 +697,13 @@ class Landlock:
 LANDLOCK: Landlock | None = None
 
 
-def descendants(root: int) -> list[int]:
+def descendants(root: int, table: list[tuple[int, bytes, int, int]] | None = None) -> list[int]:
     """Every process below ``root`` (children, theirs, ...) in this pid namespace: in the sandbox
     a code context's supervisor is a subreaper, so what the context started stays below it
-    whatever its session; the host walks its own /proc with it (``isolation.process``)."""
+    whatever its session; the host walks its own /proc with it (``isolation.process``).
+    ``table``: a walk already made (``_processes()``), shared by several roots."""
     children: dict[int, list[int]] = {}
-    for pid, _state, ppid, _sid in _processes():
+    for pid, _state, ppid, _sid in _processes() if table is None else table:
         children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
