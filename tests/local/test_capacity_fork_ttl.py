@@ -44,9 +44,10 @@ def test_a_deleted_sandbox_frees_its_place_at_once_and_its_removal_finishes(make
     server = make_local_server(max_sandboxes=1, pool_size=0)
     client = server.client(max_create_retry_seconds=0)
     ids = []
+    job = f"sleep {7_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
     for _ in range(3):
         sb = client.sandboxes.create()
-        sb.exec("nohup sleep 7777 >/dev/null 2>&1 &")
+        sb.exec(f"nohup {job} >/dev/null 2>&1 &")
         ids.append(sb.id)
         client.sandboxes.delete(sb.id)
         with pytest.raises(pandastack.NotFoundError):
@@ -56,7 +57,7 @@ def test_a_deleted_sandbox_frees_its_place_at_once_and_its_removal_finishes(make
     server.wait_for_teardown()
     assert [i for i in ids if (server.state_dir / "sandboxes" / i).exists()] == []
     assert _cgroup_dirs_named(ids) == []
-    assert not _pids_with("sleep 7777")
+    assert not _pids_with(f"{job} ")
 
 
 def _cgroup_dirs_named(names: list[str]) -> list[str]:
@@ -152,9 +153,10 @@ def test_crash_kills_sandboxes_and_restart_reaps_leftovers(make_local_server) ->
     server = make_local_server(pool_size=1)
     client = server.client()
     sb = client.sandboxes.create()
-    sb.exec("nohup sleep 6666 >/dev/null 2>&1 &")
+    job = f"sleep {6_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
+    sb.exec(f"nohup {job} >/dev/null 2>&1 &")
     # Under gVisor a job's processes live in the sentry: its host processes are runsc's, named by id.
-    probe = sb.id if GVISOR else "sleep 6666"
+    probe = sb.id if GVISOR else f"{job} "
     assert _pids_with(probe)
     old_pid, port = server.pid, server.port
     server.restart()

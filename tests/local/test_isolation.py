@@ -183,7 +183,8 @@ def test_host_processes_server_port_and_env_are_invisible(small_client, small_se
 
 def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     sb = small_client.sandboxes.create(template="small")
-    sb.exec("dd if=/dev/zero of=/work/blob bs=1M count=8 2>/dev/null; nohup sleep 4321 >/dev/null 2>&1 &")
+    job = f"sleep {4_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
+    sb.exec(f"dd if=/dev/zero of=/work/blob bs=1M count=8 2>/dev/null; nohup {job} >/dev/null 2>&1 &")
     sandbox_dir = small_server.state_dir / "sandboxes" / sb.id
     assert sandbox_dir.is_dir()
     cgroups = cgroup_dirs(sb.id)
@@ -199,7 +200,7 @@ def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     assert not cgroup_dirs(sb.id)
     assert not pids_matching(sb.id)
     time.sleep(0.1)
-    assert not pids_matching("sleep 4321")
+    assert not pids_matching(f"{job} ")
     with pytest.raises(pandastack.NotFoundError):
         small_client.sandboxes.get(sb.id)
 

@@ -224,31 +224,33 @@ def test_excess_concurrent_execs_get_429_and_the_agent_survives(small_server: Lo
     def release(gate: str) -> None:
         assert http.put(f"/v1/sandboxes/{sb.id}/fs", params={"path": gate}, content=b"").status_code == 200
 
+    # Gates named for this run alone: test-nonroot counts the same commands on the host beside it.
+    go1, go2 = f"/tmp/go1-{os.getpid()}", f"/tmp/go2-{os.getpid()}"
     # Every slot busy (seen on the host), then one more: refused at once, with a wait hint.
-    held = burst(slots, hold("/tmp/go1"))
+    held = burst(slots, hold(go1))
     if GVISOR:  # the jobs' processes live in the sentry: count their marker files (no exec slot)
         assert _wait_for(
             lambda: sum(f.name.startswith("held.") for f in sb.filesystem.listdir("/tmp")) == slots, 20
         )
     else:
-        assert _wait_for(lambda: len(pids_matching(hold("/tmp/go1"))) == slots, 20)
+        assert _wait_for(lambda: len(pids_matching(hold(go1))) == slots, 20)
     started = time.monotonic()
     r = http.post(url, json={"cmd": "true"})
     assert time.monotonic() - started < 1.0
     assert r.status_code == 429 and r.headers.get("retry-after") == "1", (r.status_code, r.text)
     assert "too many concurrent execs" in r.json()["error"]
-    release("/tmp/go1")
+    release(go1)
     for t in held:
         t.join()
     assert [x.status_code for x in results] == [200] * slots
 
     # The burst that used to kill the agent: exactly the slots run, the rest are refused, no 5xx.
     results.clear()
-    threads = burst(60, hold("/tmp/go2"))
+    threads = burst(60, hold(go2))
     assert _wait_for(lambda: len(results) == 60 - slots, 20), sorted(x.status_code for x in results)
     if not GVISOR:  # (gVisor's guest processes are not host processes: the statuses below count)
-        assert len(pids_matching(hold("/tmp/go2"))) == slots
-    release("/tmp/go2")
+        assert len(pids_matching(hold(go2))) == slots
+    release(go2)
     for t in threads:
         t.join()
     statuses = sorted(x.status_code for x in results)
