@@ -215,6 +215,9 @@ class KafkaTransport(Transport):
         # topics may hand a newcomer all the main partitions and none of the retry ones.
         self._consumers: dict[str, Consumer] = {}
         self._assigned: set[str] = set()  # topics whose consumer had its first assignment
+        # Partitions fetched since they were adopted (a record, or their end): until every main
+        # one is, an empty receive says nothing about the queue (a loaded broker's first fetch).
+        self._reached: set[tuple[str, int]] = set()
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
@@ -302,6 +305,7 @@ class KafkaTransport(Transport):
                     "auto.offset.reset": "earliest",
                     "partition.assignment.strategy": "cooperative-sticky",
                     "heartbeat.interval.ms": 1000,
+                    "enable.partition.eof": True,  # a partition's end is seen (``_reached``)
                 },
             )
             consumer = Consumer(conf)
@@ -367,6 +371,7 @@ class KafkaTransport(Transport):
     def _forget(self, tps: list[tuple[str, int]]) -> None:
         gone = set(tps)
         self._dirty -= gone
+        self._reached -= gone
         for tp in gone:
             self._parts.pop(tp, None)
             self._due_pauses.pop(tp, None)
@@ -418,18 +423,15 @@ class KafkaTransport(Transport):
             self._resume_full()
         start = time.monotonic()
         deadline = start + wait_seconds
-        if self.topic not in self._assigned:
-            # The first receive waits for the group to assign partitions (a join takes a
-            # rebalance): an engine's batch must not count that time as an idle queue.
-            deadline = max(deadline, time.monotonic() + _JOIN_SECONDS)
+        if not self._fetched():
+            # Until the group has assigned partitions (a join takes a rebalance) and each has been
+            # fetched once, an empty receive is not an idle queue: an engine's batch must not end
+            # on it. It waits up to _JOIN_SECONDS for that.
+            deadline = max(deadline, start + _JOIN_SECONDS)
         while True:
             out = self._hand_out(max_messages)
             left = deadline - time.monotonic()
-            if (
-                out
-                or left <= 0
-                or (self.topic in self._assigned and time.monotonic() >= start + wait_seconds)
-            ):
+            if out or left <= 0 or (self._fetched() and time.monotonic() >= start + wait_seconds):
                 break
             self._take(
                 self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
@@ -438,6 +440,11 @@ class KafkaTransport(Transport):
         if out:
             self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})  # the starts
         return out
+
+    def _fetched(self) -> bool:
+        """Whether the main topic is assigned and each of its partitions here was fetched once."""
+        mine = [tp for tp in self._parts if tp[0] == self.topic]
+        return self.topic in self._assigned and all(tp in self._reached for tp in mine)
 
     def _take(self, msgs: list[Message]) -> None:
         """Buffer what Kafka handed us; a retry record not yet due pauses its partition there."""
@@ -448,11 +455,14 @@ class KafkaTransport(Transport):
             if err is not None:
                 if err.code() in _DOWN:
                     self._down = err.str()
-                elif err.code() != KafkaError._PARTITION_EOF:
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    self._reached.add((m.topic() or "", m.partition() or 0))
+                else:
                     logger.warning("kafka: %s", err.str())
                 continue
             topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
             tp = (topic, partition)
+            self._reached.add(tp)
             part = self._parts.get(tp)
             if tp in held:
                 continue

@@ -4,8 +4,11 @@ one partition finish out of order (tests/queue/test_kafka.py holds it on Apache 
 from __future__ import annotations
 
 import json
+import time
 
-from pandastack_jobs.queue.kafka import _META_BYTES, _Part, _tenant
+from confluent_kafka import KafkaError, TopicPartition
+
+from pandastack_jobs.queue.kafka import _META_BYTES, KafkaTransport, _Part, _tenant
 
 
 def test_the_commit_point_is_the_lowest_unsettled_offset_and_settled_ones_past_it_are_listed() -> None:
@@ -44,3 +47,97 @@ def test_the_default_key_is_the_messages_tenant() -> None:
     assert _tenant(b'{"tenant": "acme", "command": "x"}') == "acme"
     for body in (b'{"command": "x"}', b'{"tenant": 5}', b'{"tenant": ""}', b"[1]", b"not json"):
         assert _tenant(body) is None
+
+
+class _FakeRecord:
+    """What ``Consumer.consume`` hands over: a record, or a partition's end (an event)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None = None) -> None:
+        self._at = (topic, partition, offset)
+        self._value = value
+
+    def error(self) -> KafkaError | None:
+        return KafkaError(KafkaError._PARTITION_EOF) if self._value is None else None
+
+    def topic(self) -> str:
+        return self._at[0]
+
+    def partition(self) -> int:
+        return self._at[1]
+
+    def offset(self) -> int:
+        return self._at[2]
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> None:
+        return None
+
+    def headers(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+class _SlowFirstFetch:
+    """A consumer of a loaded broker: the group assigns two partitions at once, and their first
+    fetch answers ``fetch_after`` seconds later (a record on partition 0, the end of 1)."""
+
+    def __init__(self, transport: KafkaTransport, topic: str, fetch_after: float) -> None:
+        self.transport, self.topic, self.fetch_after = transport, topic, fetch_after
+        self.assigned_at: float | None = None
+        self.fetched = False
+
+    def consume(self, n: int, timeout: float) -> list[_FakeRecord]:
+        if self.topic == self.transport.retry_topic:
+            return []
+        if self.assigned_at is None:
+            self.assigned_at = time.monotonic()
+            self.transport._on_assign(self, [TopicPartition(self.topic, 0), TopicPartition(self.topic, 1)])  # type: ignore[arg-type]
+        wait = self.assigned_at + self.fetch_after - time.monotonic()
+        if wait > 0:
+            time.sleep(min(wait, timeout))
+            return []
+        if self.fetched:
+            time.sleep(timeout)
+            return []
+        self.fetched = True
+        return [
+            _FakeRecord(self.topic, 0, 0, b'{"id": "first", "command": "true"}'),
+            _FakeRecord(self.topic, 1, 0),
+        ]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, 0), TopicPartition(self.topic, 1)]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
+        return offsets
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        pass
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        pass
+
+
+def test_an_assigned_partition_not_fetched_yet_is_not_an_idle_queue() -> None:
+    """The engines' batches end on an empty receive. Right after the group's assignment, on a
+    loaded broker, the first fetch can take seconds: a receive then must wait for it (up to the
+    join's bound), not answer "empty" (CI: a Prefect flow on Kafka received 0 of 3 messages;
+    seen failing before: [] after 0.5 s)."""
+    t = KafkaTransport("kafka://127.0.0.1:1?topic=jobs&group=g")
+    for topic in (t.topic, t.retry_topic):
+        t._consumers[topic] = _SlowFirstFetch(t, topic, fetch_after=1.5)  # type: ignore[assignment]
+    started = time.monotonic()
+    got = t.receive(10, 0.5)
+    assert [d.message_id for d in got] == ["0-0"], got
+    assert 1.4 < time.monotonic() - started < 5
+    # Once every partition was fetched, an empty receive is an idle queue: it waits its own time.
+    started = time.monotonic()
+    assert t.receive(10, 0.3) == []
+    assert time.monotonic() - started < 1.5
