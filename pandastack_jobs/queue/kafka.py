@@ -315,9 +315,20 @@ class KafkaTransport(Transport):
             self._consumers[topic] = consumer
 
     def _consume(self, n: int, timeout: float) -> list[Message]:
-        """Up to ``n`` records from both consumers, waiting at most ``timeout`` on the main one."""
+        """Up to ``n`` records from both consumers, waiting at most ``timeout`` on the main one.
+        Events (a partition's end) come along and take no record's place: a chunk of ``n`` is
+        not cut short by the ends of the partitions that had nothing."""
         got = self._consumers[self.retry_topic].consume(n, 0)
-        return got + self._consumers[self.topic].consume(max(1, n - len(got)), 0 if got else timeout)
+        records = sum(m.error() is None for m in got)
+        wait = 0 if records else timeout
+        while True:
+            batch = self._consumers[self.topic].consume(max(1, n - records), wait)
+            got += batch
+            events = sum(m.error() is not None for m in batch)
+            records += len(batch) - events
+            if not events or records >= n:
+                return got
+            wait = 0
 
     def close(self) -> None:
         if self._consumers:
