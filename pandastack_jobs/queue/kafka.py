@@ -216,8 +216,10 @@ class KafkaTransport(Transport):
         self._consumers: dict[str, Consumer] = {}
         self._assigned: set[str] = set()  # topics whose consumer had its first assignment
         # Partitions fetched since they were adopted (a record, or their end): until every main
-        # one is, an empty receive says nothing about the queue (a loaded broker's first fetch).
+        # one is, after the first join, an empty receive says nothing about the queue (a loaded
+        # broker's first fetch). ``_warm`` once they all were: later rebalances wait no more.
         self._reached: set[tuple[str, int]] = set()
+        self._warm = False
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
@@ -453,9 +455,13 @@ class KafkaTransport(Transport):
         return out
 
     def _fetched(self) -> bool:
-        """Whether the main topic is assigned and each of its partitions here was fetched once."""
-        mine = [tp for tp in self._parts if tp[0] == self.topic]
-        return self.topic in self._assigned and all(tp in self._reached for tp in mine)
+        """Whether the main topic was assigned and each of its partitions here fetched once, since
+        the first receive. Kept once true: a partition gained in a later rebalance, or one whose
+        leader is away, never holds a receive (and the consumer's loop with it) past its wait."""
+        if not self._warm:
+            mine = [tp for tp in self._parts if tp[0] == self.topic]
+            self._warm = self.topic in self._assigned and all(tp in self._reached for tp in mine)
+        return self._warm
 
     def _take(self, msgs: list[Message]) -> None:
         """Buffer what Kafka handed us; a retry record not yet due pauses its partition there."""
