@@ -72,6 +72,7 @@ _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the modul
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
+_EVENT_ROUNDS = 4  # consume() calls one receive makes for the places events took in a batch
 _JOIN_SECONDS = 30.0  # how long the first receive waits for the first assignment (a loaded join: >10 s)
 # A commit that fails with these means the partition is no longer ours (a rebalance).
 _FENCED = frozenset(
@@ -319,18 +320,20 @@ class KafkaTransport(Transport):
     def _consume(self, n: int, timeout: float) -> list[Message]:
         """Up to ``n`` records from both consumers, waiting at most ``timeout`` on the main one.
         Events (a partition's end) come along and take no record's place: a chunk of ``n`` is
-        not cut short by the ends of the partitions that had nothing."""
+        not cut short by the ends of the partitions that had nothing (asked again without
+        waiting, a bounded number of times: a stream of error events never spins here)."""
         got = self._consumers[self.retry_topic].consume(n, 0)
         records = sum(m.error() is None for m in got)
         wait = 0 if records else timeout
-        while True:
+        for _ in range(_EVENT_ROUNDS):
             batch = self._consumers[self.topic].consume(max(1, n - records), wait)
             got += batch
             events = sum(m.error() is not None for m in batch)
             records += len(batch) - events
             if not events or records >= n:
-                return got
+                break
             wait = 0
+        return got
 
     def close(self) -> None:
         if self._consumers:
