@@ -6,6 +6,7 @@ import re
 import threading
 import time
 
+import httpx
 from prefect import flow, unmapped
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -21,7 +22,21 @@ def test_capacity_refusal_is_redelivered_no_sooner_than_retry_after(make_local_s
     client = server.client()
     blocker = client.sandboxes.create(ttl_seconds=60)
     creds = PandaStackCredentials(api_url=server.url, api_key=server.api_key, max_create_retry_seconds=0)
-    freed = threading.Timer(1.0, lambda: client.sandboxes.delete(blocker.id))
+
+    def free_after_the_refusal() -> None:
+        """Delete the blocker once the task's create was refused (not after a fixed time: on a
+        loaded host the flow may start later than any timer, and its first create then fits)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            text = httpx.get(
+                f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=10
+            ).text
+            if re.search(r'^pandastack_local_refusals_total\{reason="count_cap"\} [1-9]', text, re.M):
+                break
+            time.sleep(0.05)
+        client.sandboxes.delete(blocker.id)
+
+    freed = threading.Thread(target=free_after_the_refusal, daemon=True)
 
     @flow
     def busy_flow() -> object:
