@@ -216,9 +216,9 @@ class KafkaTransport(Transport):
         # topics may hand a newcomer all the main partitions and none of the retry ones.
         self._consumers: dict[str, Consumer] = {}
         self._assigned: set[str] = set()  # topics whose consumer had its first assignment
-        # Partitions fetched since they were adopted (a record, or their end): until every main
-        # one is, after the first join, an empty receive says nothing about the queue (a loaded
-        # broker's first fetch). ``_warm`` once they all were: later rebalances wait no more.
+        # Partitions read to their end since they were adopted: until every main one was, after
+        # the first join, a receive has not seen the queue (a loaded broker's first fetches).
+        # ``_warm`` once they all were: later rebalances wait no more.
         self._reached: set[tuple[str, int]] = set()
         self._warm = False
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
@@ -441,13 +441,22 @@ class KafkaTransport(Transport):
         deadline = start + wait_seconds
         if not self._fetched():
             # Until the group has assigned partitions (a join takes a rebalance) and each has been
-            # fetched once, an empty receive is not an idle queue: an engine's batch must not end
-            # on it. It waits up to _JOIN_SECONDS for that.
+            # read to its end once, an empty receive is not an idle queue (an engine's batch must
+            # not end on it), and what it hands out is not all there is (the first chunks would
+            # be cut by the order the partitions' first fetches answer in). It waits up to
+            # _JOIN_SECONDS for that, or for ``max_messages``.
             deadline = max(deadline, start + _JOIN_SECONDS)
+        out: list[Delivery] = []
         while True:
-            out = self._hand_out(max_messages)
+            out += self._hand_out(max_messages - len(out))
             left = deadline - time.monotonic()
-            if out or left <= 0 or (self._fetched() and time.monotonic() >= start + wait_seconds):
+            fetched = self._fetched()
+            if (
+                len(out) >= max_messages
+                or left <= 0
+                or (out and fetched)
+                or (fetched and time.monotonic() >= start + wait_seconds)
+            ):
                 break
             self._take(
                 self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
@@ -458,8 +467,8 @@ class KafkaTransport(Transport):
         return out
 
     def _fetched(self) -> bool:
-        """Whether the main topic was assigned and each of its partitions here fetched once, since
-        the first receive. Kept once true: a partition gained in a later rebalance, or one whose
+        """Whether the main topic was assigned and each of its partitions here read to its end
+        once, since the first receive. Kept once true: a partition gained in a later rebalance, or one whose
         leader is away, never holds a receive (and the consumer's loop with it) past its wait."""
         if not self._warm:
             mine = [tp for tp in self._parts if tp[0] == self.topic]
@@ -482,7 +491,6 @@ class KafkaTransport(Transport):
                 continue
             topic, partition, offset = m.topic() or "", m.partition() or 0, m.offset() or 0
             tp = (topic, partition)
-            self._reached.add(tp)
             part = self._parts.get(tp)
             if tp in held:
                 continue

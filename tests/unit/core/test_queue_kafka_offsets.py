@@ -83,7 +83,7 @@ class _FakeRecord:
 
 class _SlowFirstFetch:
     """A consumer of a loaded broker: the group assigns two partitions at once, and their first
-    fetch answers ``fetch_after`` seconds later (a record on partition 0, the end of 1)."""
+    fetch answers ``fetch_after`` seconds later (a record on partition 0, the end of 1, then of 0)."""
 
     def __init__(self, transport: KafkaTransport, topic: str, fetch_after: float) -> None:
         self.transport, self.topic, self.fetch_after = transport, topic, fetch_after
@@ -107,6 +107,7 @@ class _SlowFirstFetch:
         return [
             _FakeRecord(self.topic, 0, 0, b'{"id": "first", "command": "true"}'),
             _FakeRecord(self.topic, 1, 0),
+            _FakeRecord(self.topic, 0, 1),
         ]
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
