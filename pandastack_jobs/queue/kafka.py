@@ -72,6 +72,8 @@ _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the modul
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
+# What a group coordinator answers while it is not ready yet (asked again by ``backlog``).
+_COORDINATOR_BUSY = ("Coordinator load in progress", "Coordinator not available", "Not coordinator")
 _EVENT_ROUNDS = 4  # consume() calls one receive makes for the places events took in a batch
 _JOIN_SECONDS = 30.0  # how long the first receive waits for the first assignment (a loaded join: >10 s)
 # A commit that fails with these means the partition is no longer ours (a rebalance).
@@ -821,7 +823,10 @@ class KafkaTransport(Transport):
                 error = exc.args[0]
                 # A retriable answer (the group coordinator still loading its offsets, just after
                 # a start or a move) is asked again; anything else, or the last, is the broker's.
-                if not error.retriable() or attempt == BACKLOG_ATTEMPTS - 1:
+                # librdkafka wraps the coordinator's answer in a failure that is not flagged
+                # retriable ("... response failure: Broker: Coordinator load in progress").
+                again = error.retriable() or any(c in error.str() for c in _COORDINATOR_BUSY)
+                if not again or attempt == BACKLOG_ATTEMPTS - 1:
                     raise BrokerUnavailable(f"Kafka at {self._hosts}: {error.str()}") from None
                 time.sleep(0.5)
         return None  # not reached: the last attempt returns or raises
