@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.brokers import Kafka, Redis
 from e2e.procs import free_port
@@ -29,27 +28,10 @@ from pandastack_jobs.queue import open_transport
 from pandastack_local import LocalServer
 from pandastack_local.testing.procs import stop_group
 from pandastack_local.testing.waiting import wait_for
+from tests.support.metrics import scrape, value
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
-
-
-def scrape(url: str, key: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``url``'s /metrics, parsed by prometheus_client: {(name, labels): value}."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
-    assert r.status_code == 200, r.text
-    if key:
-        assert key not in r.text
-    out = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict[Any, float], name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import re
 import threading
 import time
 
-import httpx
 from prefect import flow, unmapped
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -14,6 +13,7 @@ from prefect.futures import wait
 
 from prefect_blocks import PandaStackCredentials, run_in_sandbox, sandbox_cleanup_hook
 from prefect_blocks.keys import flow_run_key
+from tests.support.metrics import scrape, value
 from tests.support.prefect_readback import flow_run_id, logs, task_runs
 
 
@@ -28,10 +28,9 @@ def test_capacity_refusal_is_redelivered_no_sooner_than_retry_after(make_local_s
         loaded host the flow may start later than any timer, and its first create then fits)."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            text = httpx.get(
-                f"{server.url}/metrics", headers={"Authorization": f"Bearer {server.api_key}"}, timeout=10
-            ).text
-            if re.search(r'^pandastack_local_refusals_total\{reason="count_cap"\} [1-9]', text, re.M):
+            if value(
+                scrape(server.url, server.api_key), "pandastack_local_refusals_total", reason="count_cap"
+            ):
                 break
             time.sleep(0.05)
         client.sandboxes.delete(blocker.id)
