@@ -19,6 +19,7 @@ from pandastack_local.isolation.process import host_descendants as descendants
 __all__ = [
     "descendants",
     "listening_ports",
+    "own_sleep",
     "pids",
     "pids_matching",
     "read_proc",
@@ -56,6 +57,16 @@ def read_proc(pid: int, name: str) -> bytes | None:
         return Path(f"/proc/{pid}/{name}").read_bytes()
     except OSError:
         return None
+
+
+def own_sleep(tag: int) -> str:
+    """A ``sleep`` command line no other test process on this host runs, for a test to look for
+    on the host: CI's legs run the same tests side by side (``test-server`` beside
+    ``test-nonroot``), and a fixed one would find, or count, the other leg's. ``tag`` (two digits)
+    tells one test's apart; every such line has the same length, so none is a prefix of another."""
+    if not 10 <= tag <= 99:
+        raise ValueError(f"own_sleep: tag {tag} is not two digits")
+    return f"sleep {tag}{os.getpid():07d}"
 
 
 def pids_matching(text: str) -> list[int]:

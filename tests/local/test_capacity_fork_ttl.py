@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import pandastack
 import pytest
 
+from pandastack_local.testing.procs import own_sleep, pids_matching
 from tests.support.server import GVISOR
 
 
@@ -44,7 +44,7 @@ def test_a_deleted_sandbox_frees_its_place_at_once_and_its_removal_finishes(make
     server = make_local_server(max_sandboxes=1, pool_size=0)
     client = server.client(max_create_retry_seconds=0)
     ids = []
-    job = f"sleep {7_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
+    job = own_sleep(77)
     for _ in range(3):
         sb = client.sandboxes.create()
         sb.exec(f"nohup {job} >/dev/null 2>&1 &")
@@ -57,7 +57,7 @@ def test_a_deleted_sandbox_frees_its_place_at_once_and_its_removal_finishes(make
     server.wait_for_teardown()
     assert [i for i in ids if (server.state_dir / "sandboxes" / i).exists()] == []
     assert _cgroup_dirs_named(ids) == []
-    assert not _pids_with(f"{job} ")
+    assert not pids_matching(job)
 
 
 def _cgroup_dirs_named(names: list[str]) -> list[str]:
@@ -137,34 +137,22 @@ def test_ttl_reaps_idle_sandboxes_and_activity_resets_it(make_local_server) -> N
     busy.kill()
 
 
-def _pids_with(text: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" "):
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
 def test_crash_kills_sandboxes_and_restart_reaps_leftovers(make_local_server) -> None:
     server = make_local_server(pool_size=1)
     client = server.client()
     sb = client.sandboxes.create()
-    job = f"sleep {6_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
+    job = own_sleep(66)
     sb.exec(f"nohup {job} >/dev/null 2>&1 &")
     # Under gVisor a job's processes live in the sentry: its host processes are runsc's, named by id.
-    probe = sb.id if GVISOR else f"{job} "
-    assert _pids_with(probe)
+    probe = sb.id if GVISOR else job
+    assert pids_matching(probe)
     old_pid, port = server.pid, server.port
     server.restart()
     assert server.pid != old_pid and server.port == port
     deadline = time.monotonic() + 5
-    while _pids_with(probe) and time.monotonic() < deadline:
+    while pids_matching(probe) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _pids_with(probe), "sandbox survived its server's crash"
+    assert not pids_matching(probe), "sandbox survived its server's crash"
     assert not (server.state_dir / "sandboxes" / sb.id).exists()
     assert _cgroup_dirs_named([sb.id]) == []
     assert client.sandboxes.list() == []

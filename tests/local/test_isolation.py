@@ -11,7 +11,7 @@ from pathlib import Path
 import pandastack
 import pytest
 
-from pandastack_local.testing.procs import pids_matching
+from pandastack_local.testing.procs import own_sleep, pids_matching
 from tests.support.server import GVISOR
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -102,7 +102,7 @@ def test_fork_bomb_is_contained(small_client, small_server) -> None:
 
 
 def test_background_process_lives_until_delete(small_client) -> None:
-    marker = f"sleep {int(time.time() * 1000) % 100000 + 1000}"
+    marker = own_sleep(10)
     sb = small_client.sandboxes.create(template="small")
     try:
         assert sb.exec(f"nohup sh -c '{marker}' >/dev/null 2>&1 &").exit_code == 0
@@ -183,7 +183,7 @@ def test_host_processes_server_port_and_env_are_invisible(small_client, small_se
 
 def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     sb = small_client.sandboxes.create(template="small")
-    job = f"sleep {4_000_000 + os.getpid()}"  # this run's alone (test-nonroot runs beside it)
+    job = own_sleep(43)
     sb.exec(f"dd if=/dev/zero of=/work/blob bs=1M count=8 2>/dev/null; nohup {job} >/dev/null 2>&1 &")
     sandbox_dir = small_server.state_dir / "sandboxes" / sb.id
     assert sandbox_dir.is_dir()
@@ -200,7 +200,7 @@ def test_delete_leaves_nothing_behind(small_client, small_server) -> None:
     assert not cgroup_dirs(sb.id)
     assert not pids_matching(sb.id)
     time.sleep(0.1)
-    assert not pids_matching(f"{job} ")
+    assert not pids_matching(job)
     with pytest.raises(pandastack.NotFoundError):
         small_client.sandboxes.get(sb.id)
 

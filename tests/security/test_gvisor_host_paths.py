@@ -26,6 +26,7 @@ import pytest
 
 from pandastack_local import LocalServer
 from pandastack_local.isolation.gvisor.backend import GUEST_SOCKET_DIR
+from pandastack_local.testing.procs import own_sleep
 from tests.security.conftest import SMALL
 from tests.support.server import GVISOR, write_template
 
@@ -609,11 +610,10 @@ def test_the_sandbox_kernel_runs_as_an_unprivileged_host_uid(
                 procs = [p for p in _host_processes(sb.id) if p[1] in ("runsc-sandbox", "runsc-gofer")]
                 assert {p[1] for p in procs} == {"runsc-sandbox", "runsc-gofer"}, procs
             else:  # bwrap: the job's own processes are host processes
-                # A number no other run picks: the non-root leg runs this very test beside this one.
-                seconds = 4_000_000 + os.getpid() * 10 + len(uids)
-                sb.exec(f"nohup sleep {seconds} >/dev/null 2>&1 &")
+                job = own_sleep(40 + len(uids))
+                sb.exec(f"nohup {job} >/dev/null 2>&1 &")
                 time.sleep(0.2)
-                procs = _host_processes(f"sleep {seconds} ")
+                procs = _host_processes(job)
                 assert procs, "the job's process is not on the host"
             assert all(uid != 0 for _, _, uid, _ in procs), procs
             if root_server:  # a root server maps each sandbox to a uid no account has
