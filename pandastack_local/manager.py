@@ -35,6 +35,7 @@ from pandastack_local.isolation.egress import EgressError, EgressRelay, parse_ru
 from pandastack_local.isolation.factory import make_backend
 from pandastack_local.isolation.process import (
     MAX_SOCKET_PATH,
+    ProcessTable,
     SandboxProcess,
     host_descendants,
     host_processes,
@@ -413,7 +414,7 @@ class SandboxManager:
         (``process.keep_ahead``): raise what a job lowered, each pass, and say so once a pass.
         Without cgroups, one /proc walk a pass serves every sandbox (not one walk each)."""
         raised = 0
-        table: list[tuple[int, bytes, int, int]] | None = None
+        table: ProcessTable | None = None
         for o in occupants:
             sb = self.sandboxes.get(o.name)
             if self.cgroups.bases or sb is None:

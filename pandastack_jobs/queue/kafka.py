@@ -470,8 +470,8 @@ class KafkaTransport(Transport):
 
     def _fetched(self) -> bool:
         """Whether the main topic was assigned and each of its partitions here read to its end
-        once, since the first receive. Kept once true: a partition gained in a later rebalance, or one whose
-        leader is away, never holds a receive (and the consumer's loop with it) past its wait."""
+        once, since the first receive. Kept once true: a partition gained in a later rebalance,
+        or one whose leader is away, never holds a receive (and the consumer's loop) past its wait."""
         if not self._warm:
             mine = [tp for tp in self._parts if tp[0] == self.topic]
             self._warm = self.topic in self._assigned and all(tp in self._reached for tp in mine)

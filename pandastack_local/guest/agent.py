@@ -143,7 +143,11 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _processes() -> list[tuple[int, bytes, int, int]]:
+# (pid, state, parent pid, session id) of every process: one walk of /proc (``_processes``).
+ProcessTable = list[tuple[int, bytes, int, int]]
+
+
+def _processes() -> ProcessTable:
     """(pid, state, parent pid, session id) of every process of this sandbox, from /proc: the one
     walk behind the exec's tree kill, the reaper and a code context's close."""
     out = []
@@ -697,7 +701,7 @@ class Landlock:
 LANDLOCK: Landlock | None = None
 
 
-def descendants(root: int, table: list[tuple[int, bytes, int, int]] | None = None) -> list[int]:
+def descendants(root: int, table: ProcessTable | None = None) -> list[int]:
     """Every process below ``root`` (children, theirs, ...) in this pid namespace: in the sandbox
     a code context's supervisor is a subreaper, so what the context started stays below it
     whatever its session; the host walks its own /proc with it (``isolation.process``).

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pandastack_local.guest.agent import _processes, descendants
+from pandastack_local.guest.agent import ProcessTable, _processes, descendants
 from pandastack_local.isolation.cgroups import Cgroups
 
 GUEST_PYTHON = "/usr/bin/python3"
@@ -198,13 +198,13 @@ def launch(
     )
 
 
-def host_descendants(pid: int, table: list[tuple[int, bytes, int, int]] | None = None) -> list[int]:
+def host_descendants(pid: int, table: ProcessTable | None = None) -> list[int]:
     """Host pids below ``pid`` (used when no cgroup lists the sandbox's processes). ``table``: one
     walk of the host's /proc (``host_processes()``) shared by every sandbox of a pass."""
     return descendants(pid, table)
 
 
-def host_processes() -> list[tuple[int, bytes, int, int]]:
+def host_processes() -> ProcessTable:
     """(pid, state, parent pid, session id) of every host process: one /proc walk."""
     return _processes()
 

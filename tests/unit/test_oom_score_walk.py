@@ -72,7 +72,7 @@ def test_a_pass_without_cgroups_walks_proc_once_for_every_sandbox(monkeypatch: p
         return table
 
     monkeypatch.setattr(agent, "_processes", walk)
-    monkeypatch.setattr(process, "_processes", walk, raising=False)
+    monkeypatch.setattr(process, "_processes", walk)
     seen: dict[str, list[int]] = {}
     monkeypatch.setattr(
         manager_mod, "keep_ahead", lambda name, pids, launcher=None: seen.setdefault(name, pids) and 0
