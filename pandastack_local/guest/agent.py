@@ -709,11 +709,13 @@ def descendants(root: int, table: ProcessTable | None = None) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, _state, ppid, _sid in _processes() if table is None else table:
         children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
+    out, todo, seen = [], [root], {root}
     while todo:
         for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
+            if child not in seen:  # a torn walk (a pid reused during it) may hold a parent loop
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
     return out
 
 

@@ -52,6 +52,33 @@ def test_a_process_outside_the_tree_or_in_a_loop_is_not(proc_tree: dict[int, str
     assert not process._descends_from(proc_tree[60], 1000)
 
 
+def test_a_deep_chain_costs_one_read_of_each_parent_a_pass(
+    proc_tree: dict[int, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The red team's chain of 250 processes, each lowering its score again every 0.3 s: every
+    one was walked up to the launcher on its own (D^2/2 reads of /proc a pass; four such sandboxes
+    made the guard's 0.5 s pass take up to 5.5 s and the server use 67 % of a core). With the pids
+    one call has already found below the launcher, each parent is read once (seen failing before:
+    31125 reads)."""
+    launcher, depth = 1000, 250
+    proc_tree[launcher] = _stat(launcher, 1, "bwrap")
+    for i in range(1, depth + 1):
+        proc_tree[launcher + i] = _stat(launcher + i, launcher + i - 1)
+    reads = []
+    counted = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        reads.append(self)
+        return counted(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    below = {launcher}
+    for pid in range(launcher + 1, launcher + depth + 1):  # the order of the walk: parents first
+        assert process._descends_from(proc_tree[pid], launcher, below)
+    assert len(reads) <= depth
+    assert not process._descends_from(_stat(5000, 4999), launcher, below)  # and a stranger still is not
+
+
 def test_a_pass_without_cgroups_walks_proc_once_for_every_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard's pass on a host without cgroups (a non-root server on cgroup v1): each sandbox's
     tree comes from one shared walk of /proc, not one walk per sandbox every 0.5 s (seen failing
@@ -83,3 +110,12 @@ def test_a_pass_without_cgroups_walks_proc_once_for_every_sandbox(monkeypatch: p
     m._keep_ahead([Occupant(f"sb{i}", None) for i in range(40)])  # type: ignore[arg-type]
     assert len(walks) == 1
     assert seen == {f"sb{i}": [2000 + i] for i in range(40)}
+
+
+def test_a_torn_walk_with_a_parent_loop_ends() -> None:
+    """A /proc walk taken while a pid was reused can hold a parent loop through the root (the
+    red team's reading of descendants(): no guard, so the guard thread would loop for good)."""
+    from pandastack_local.guest.agent import descendants
+
+    table = [(1000, b"S", 1002, 0), (1001, b"S", 1000, 0), (1002, b"S", 1001, 0), (1003, b"S", 1001, 0)]
+    assert sorted(descendants(1000, table)) == [1001, 1002, 1003]
