@@ -175,7 +175,9 @@ def test_pause_and_resume(ps_client, http) -> None:
         # Each tick replaces the file whole (a read never lands between a truncate and a write).
         tick = "date +%s%N > /work/tick.new && mv /work/tick.new /work/tick"
         sb.exec(f"nohup sh -c 'while true; do {tick}; sleep 0.05; done' >/dev/null 2>&1 &")
-        time.sleep(0.3)
+        # The loop's first tick, before the pause (a loaded gVisor host starts it seconds late).
+        started = sb.exec("for i in $(seq 300); do [ -s /work/tick ] && exit 0; sleep 0.1; done; exit 1")
+        assert started.exit_code == 0, "the ticking loop never wrote /work/tick"
         sb.pause()
         assert ps_client.sandboxes.get(sb.id).status == "paused"
         r = http.post(f"/v1/sandboxes/{sb.id}/exec", json={"cmd": "true"})
