@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -299,7 +300,10 @@ def test_slow_stream_readers_have_a_total_memory_budget() -> None:
                 for i in range(4)
             ]
             try:
-                time.sleep(3)  # every stream fills what it may hold
+                for s in stuck:  # each exec started: its response began (a loaded gVisor host: seconds)
+                    s.settimeout(60)
+                    assert s.recv(12, socket.MSG_WAITALL) == b"HTTP/1.1 200", "a stream's exec never started"
+                time.sleep(2)  # every stream fills what it may hold
                 r = http.post(f"/v1/sandboxes/{sids[0]}/exec/stream", json={"cmd": "echo hi"})
                 assert r.status_code == 503, r.text
                 assert "slow readers" in r.json()["error"] and r.headers["retry-after"] == "1"
@@ -317,7 +321,11 @@ def test_slow_stream_readers_have_a_total_memory_budget() -> None:
                 ) as r:
                     if r.status_code == 200 or time.monotonic() > deadline:
                         text = r.read().decode()
-                        assert r.status_code == 200 and "event: exit" in text, (r.status_code, text[:500])
+                        assert r.status_code == 200 and "event: exit" in text, (
+                            r.status_code,
+                            text[:500],
+                            server.log_path.read_text()[-3000:],
+                        )
                         break
                 time.sleep(0.2)
             for sid in sids:
