@@ -420,19 +420,25 @@ class KafkaTransport(Transport):
         self._resume_due()
         if self._dirty:
             self._commit(set(self._dirty))
+        self._pull(_PREFETCH, 0)
+
+    def _pull(self, n: int, timeout: float) -> None:
+        """Poll both consumers, waiting at most ``timeout``, and buffer up to ``n`` records, never
+        more than the buffer's room: a full buffer pauses the partitions, and the poll then only
+        serves the clients' callbacks (rebalances, errors). So the records held, and their bodies'
+        memory, stay bounded by _PREFETCH (and one poll's worth) however long a receive waits."""
         room = _PREFETCH - len(self._buffer)
         if room > 0:
             self._resume_full()
-            self._take(self._consume(room, 0))
-        else:
-            if not self._full_paused:
-                for consumer in self._consumers.values():
-                    tps = [
-                        tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._due_pauses
-                    ]
-                    consumer.pause(tps)
-                    self._full_paused += tps
-            self._take(self._consume(1, 0))
+            self._take(self._consume(max(1, min(n, room)), timeout))
+            return
+        for consumer in self._consumers.values():
+            paused = {(tp.topic, tp.partition) for tp in self._full_paused} | set(self._due_pauses)
+            tps = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in paused]
+            if tps:  # a partition assigned since the last pause is paused too
+                consumer.pause(tps)
+                self._full_paused += tps
+        self._take(self._consume(1, timeout))
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         self._subscribe()
@@ -446,32 +452,40 @@ class KafkaTransport(Transport):
             # read to its end once, an empty receive is not an idle queue (an engine's batch must
             # not end on it), and what it hands out is not all there is (the first chunks would
             # be cut by the order the partitions' first fetches answer in). It waits up to
-            # _JOIN_SECONDS for that, or for ``max_messages``.
+            # _JOIN_SECONDS for that, or for ``max_messages``; not once records wait in the
+            # buffer, and the bound holds once per transport (below).
             deadline = max(deadline, start + _JOIN_SECONDS)
         out: list[Delivery] = []
         while True:
             out += self._hand_out(max_messages - len(out))
-            left = deadline - time.monotonic()
-            fetched = self._fetched()
+            now = time.monotonic()
+            # Once something fetched waits in the buffer (a busy key's flood fills it, pauses its
+            # partition and so never lets it reach its end), the view is not cold any more: the
+            # receive waits its own time, not the join's.
+            settled = self._fetched() or bool(self._buffer)
             if (
                 len(out) >= max_messages
-                or left <= 0
-                or (out and fetched)
-                or (fetched and time.monotonic() >= start + wait_seconds)
+                or now >= deadline
+                or (out and settled)
+                or (settled and now >= start + wait_seconds)
             ):
                 break
-            self._take(
-                self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
-            )
+            self._pull(max_messages, min(deadline - now, 0.5))
             self._resume_due()
+        if not self._warm and time.monotonic() - start >= _JOIN_SECONDS:
+            # The join's bound ran out without every partition fetched (a member the group gave
+            # none, a partition whose leader is away): it applies once per transport, later
+            # receives (and the consumer's loop, which hears SIGTERM between them) wait their own.
+            self._warm = True
         if out:
             self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})  # the starts
         return out
 
     def _fetched(self) -> bool:
         """Whether the main topic was assigned and each of its partitions here read to its end
-        once, since the first receive. Kept once true: a partition gained in a later rebalance,
-        or one whose leader is away, never holds a receive (and the consumer's loop) past its wait."""
+        once, since the first receive. Kept once true (and set when a receive's join bound ran
+        out): a partition gained in a later rebalance, or one whose leader is away, never holds a
+        receive (and the consumer's loop) past its wait."""
         if not self._warm:
             mine = [tp for tp in self._parts if tp[0] == self.topic]
             self._warm = self.topic in self._assigned and all(tp in self._reached for tp in mine)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from pandastack_jobs.queue.kafka import _META_BYTES, KafkaTransport, _Part, _tenant
+from pandastack_jobs.queue import kafka
+from pandastack_jobs.queue.kafka import _JOIN_SECONDS, _META_BYTES, _PREFETCH, KafkaTransport, _Part, _tenant
+from pandastack_jobs.queue.transport import Delivery
 
 
 def test_the_commit_point_is_the_lowest_unsettled_offset_and_settled_ones_past_it_are_listed() -> None:
@@ -146,3 +149,156 @@ def test_an_assigned_partition_not_fetched_yet_is_not_an_idle_queue() -> None:
         assert t.receive(10, 0.3) == []
         assert time.monotonic() - started < 1.5
         t._on_assign(t._consumers[t.topic], [TopicPartition(t.topic, 2)])
+
+
+class _Clock:
+    """A clock the fakes step (the transport reads ``time.monotonic`` and ``time.time``): the
+    join's 30 s bound is crossed in milliseconds."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _KeyedRecord(_FakeRecord):
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None, key: bytes) -> None:
+        super().__init__(topic, partition, offset, value)
+        self._key = key
+
+    def key(self) -> bytes:  # type: ignore[override]
+        return self._key
+
+
+class _Partitions:
+    """A consumer of a stepped clock: on its first poll the group assigns ``partitions`` (maybe
+    none), each a list of record keys (a record value names its key and offset); a partition's
+    end comes once it is read through. Paused partitions hand out nothing (librdkafka drops what
+    it had fetched for them). A poll that returns records takes 10 ms; an empty one its timeout."""
+
+    def __init__(
+        self, transport: KafkaTransport, topic: str, clock: _Clock, partitions: dict[int, list[bytes]]
+    ):
+        self.transport, self.topic, self.clock, self.partitions = transport, topic, clock, partitions
+        self.position = dict.fromkeys(partitions, 0)
+        self.ended: set[int] = set()
+        self.paused: set[int] = set()
+        self.joined = False
+        self.peak_buffer = 0  # the most records the transport held while this consumer was polled
+
+    def consume(self, n: int, timeout: float) -> list[_FakeRecord]:
+        assert n >= 1
+        self.peak_buffer = max(self.peak_buffer, len(self.transport._buffer))
+        if not self.joined:
+            self.joined = True
+            self.transport._on_assign(self, self.assignment())  # type: ignore[arg-type]
+        out: list[_FakeRecord] = []
+        taken = -1
+        while len(out) < n and taken != 0:  # one record of each partition in turn, as fetches interleave
+            taken = 0
+            for p, keys in self.partitions.items():
+                at = self.position[p]
+                if p in self.paused or at >= len(keys) or len(out) >= n:
+                    continue
+                value = json.dumps({"id": f"{keys[at].decode()}{at}", "command": "true"}).encode()
+                out.append(_KeyedRecord(self.topic, p, at, value, keys[at]))
+                self.position[p], taken = at + 1, taken + 1
+        for p, keys in self.partitions.items():
+            if p not in self.paused and self.position[p] == len(keys) and p not in self.ended:
+                self.ended.add(p)
+                out.append(_FakeRecord(self.topic, p, self.position[p]))
+        self.clock.sleep(0.01 if out else timeout)
+        return out
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, p) for p in self.partitions]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
+        return offsets
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused |= {tp.partition for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {tp.partition for tp in tps}
+
+
+def _stepped(
+    monkeypatch: pytest.MonkeyPatch, url: str, main: dict[int, list[bytes]]
+) -> tuple[KafkaTransport, _Partitions, _Clock]:
+    clock = _Clock()
+    monkeypatch.setattr(kafka, "time", clock)
+    t = KafkaTransport(url)
+    fake = _Partitions(t, t.topic, clock, main)
+    t._consumers[t.topic] = fake  # type: ignore[assignment]
+    t._consumers[t.retry_topic] = _Partitions(t, t.retry_topic, clock, {})  # type: ignore[assignment]
+    return t, fake, clock
+
+
+def _timed(clock: _Clock, t: KafkaTransport, n: int, wait: float) -> tuple[list[Delivery], float]:
+    started = clock.now
+    got = t.receive(n, wait)
+    return got, clock.now - started
+
+
+def _ids(got: list[Delivery]) -> list[str]:
+    return sorted(json.loads(d.body)["id"] for d in got)
+
+
+def test_a_busy_key_flooding_its_partition_holds_no_receive_past_its_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """order=key, 40k records of one key on partition 0 and a victim's three on partition 1: the
+    flood fills the buffer, partition 0 pauses and never reaches its end, and the busy key hands
+    nothing out. A receive still answers within its own wait (red team: every receive took the
+    join's 30 s, the victim's three took 182 s; seen failing before the fix: 30 s)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, _, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: [b"victim"] * 3})
+    got, took = _timed(clock, t, 4, 0.3)
+    assert _ids(got) == ["evil0", "victim0"] and took < 1, (_ids(got), took)
+    for _ in range(3):  # both keys busy: nothing to hand out, an idle wait of 0.3 s each
+        nothing, took = _timed(clock, t, 4, 0.3)
+        assert nothing == [] and 0.3 <= took < 1, (_ids(nothing), took)
+    for n in (1, 2):  # the victim's next message as soon as its previous one is acked
+        t.ack(next(d for d in got if json.loads(d.body)["id"].startswith("victim")))
+        got, took = _timed(clock, t, 4, 0.3)
+        assert _ids(got) == [f"victim{n}"] and took < 1, (_ids(got), took)
+
+
+def test_a_cold_receive_never_buffers_past_the_prefetch_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive that waits (cold, or a busy key's) takes records only into the buffer's room:
+    a full buffer pauses the partitions, as the heartbeat does (red team: 399 records of 900 KB,
+    359 MB, held by a cold receive; seen failing before the fix: thousands buffered)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, fake, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: [b"evil"] * 40_000})
+    for wait in (0.3, 5.0, 5.0):
+        _timed(clock, t, 4, wait)
+        assert len(t._buffer) <= _PREFETCH and fake.peak_buffer <= _PREFETCH, (
+            len(t._buffer),
+            fake.peak_buffer,
+        )
+    assert fake.paused == {0, 1}
+    t.heartbeat()  # the loop's poll between receives keeps to the bound too
+    assert len(t._buffer) <= _PREFETCH + 1
+
+
+def test_a_member_without_partitions_waits_the_joins_bound_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three members, two partitions: the group hands one of them nothing, so its view never gets
+    "fetched". Its first receive may wait the join's bound; later ones wait their own time (red
+    team: every receive took 30 s, a SIGTERM 15.6 s; seen failing before the fix: 30 s each)."""
+    t, _, clock = _stepped(monkeypatch, "kafka://127.0.0.1:1?topic=jobs&group=g", {})
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and _JOIN_SECONDS <= took < _JOIN_SECONDS + 1
+    for _ in range(3):
+        got, took = _timed(clock, t, 4, 0.3)
+        assert got == [] and 0.3 <= took < 1, took
