@@ -470,7 +470,8 @@ class KafkaTransport(Transport):
                 or (settled and now >= start + wait_seconds)
             ):
                 break
-            self._pull(max_messages, min(deadline - now, 0.5))
+            until = deadline if not settled else start + wait_seconds
+            self._pull(max_messages, max(0.0, min(until - now, 0.5)))
             self._resume_due()
         if not self._warm and time.monotonic() - start >= _JOIN_SECONDS:
             # The join's bound ran out without every partition fetched (a member the group gave

@@ -268,7 +268,7 @@ def test_a_busy_key_flooding_its_partition_holds_no_receive_past_its_wait(
     assert _ids(got) == ["evil0", "victim0"] and took < 1, (_ids(got), took)
     for _ in range(3):  # both keys busy: nothing to hand out, an idle wait of 0.3 s each
         nothing, took = _timed(clock, t, 4, 0.3)
-        assert nothing == [] and 0.3 <= took < 1, (_ids(nothing), took)
+        assert nothing == [] and 0.3 <= took < 0.35, (_ids(nothing), took)
     for n in (1, 2):  # the victim's next message as soon as its previous one is acked
         t.ack(next(d for d in got if json.loads(d.body)["id"].startswith("victim")))
         got, took = _timed(clock, t, 4, 0.3)
@@ -301,4 +301,4 @@ def test_a_member_without_partitions_waits_the_joins_bound_once(monkeypatch: pyt
     assert got == [] and _JOIN_SECONDS <= took < _JOIN_SECONDS + 1
     for _ in range(3):
         got, took = _timed(clock, t, 4, 0.3)
-        assert got == [] and 0.3 <= took < 1, took
+        assert got == [] and 0.3 <= took < 0.35, took
