@@ -223,6 +223,7 @@ class KafkaTransport(Transport):
         # ``_warm`` once they all were: later rebalances wait no more.
         self._reached: set[tuple[str, int]] = set()
         self._warm = False
+        self._stopping = False  # wake(): the consumer is stopping, the join's wait is over
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
@@ -337,7 +338,12 @@ class KafkaTransport(Transport):
             wait = 0
         return got
 
+    def wake(self) -> None:
+        """The consumer is stopping: a receive waiting for the group's join ends at its own wait."""
+        self._stopping = True
+
     def close(self) -> None:
+        self._stopping = False  # opened again, the transport joins again
         if self._consumers:
             for consumer in self._consumers.values():
                 try:
@@ -459,6 +465,8 @@ class KafkaTransport(Transport):
         while True:
             out += self._hand_out(max_messages - len(out))
             now = time.monotonic()
+            if self._stopping:  # a SIGTERM is not held by the join's wait
+                deadline = min(deadline, start + wait_seconds)
             # Once something fetched waits in the buffer (a busy key's flood fills it, pauses its
             # partition and so never lets it reach its end), the view is not cold any more: the
             # receive waits its own time, not the join's.
