@@ -76,6 +76,7 @@ _FLUSH_SECONDS = 10.0
 _COORDINATOR_BUSY = ("Coordinator load in progress", "Coordinator not available", "Not coordinator")
 _EVENT_ROUNDS = 4  # consume() calls one receive makes for the places events took in a batch
 _JOIN_SECONDS = 30.0  # how long the first receive waits for the first assignment (a loaded join: >10 s)
+_RETURN_SECONDS = 5.0  # how long past its due an empty receive waits for a release of ours to come back
 # A commit that fails with these means the partition is no longer ours (a rebalance).
 _FENCED = frozenset(
     {
@@ -224,6 +225,9 @@ class KafkaTransport(Transport):
         self._reached: set[tuple[str, int]] = set()
         self._warm = False
         self._stopping = False  # wake(): the consumer is stopping, the join's wait is over
+        # Our releases on retry partitions this member owns, not read back yet: (partition,
+        # offset) -> not-before. An empty receive is not idle while one is due (``_returning``).
+        self._returns: dict[tuple[int, int], float] = {}
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
@@ -402,6 +406,9 @@ class KafkaTransport(Transport):
         self._buffer = [r for r in self._buffer if (r.ref.topic, r.ref.partition) not in gone]
         self._full_paused = [tp for tp in self._full_paused if (tp.topic, tp.partition) not in gone]
         self._busy = {k: tp for k, tp in self._busy.items() if tp not in gone}
+        self._returns = {
+            at: due for at, due in self._returns.items() if (self.retry_topic, at[0]) not in gone
+        }
 
     def owned(self) -> list[int]:
         """The main topic's partitions this member holds now. A consumer is ``ready`` once
@@ -465,6 +472,9 @@ class KafkaTransport(Transport):
         while True:
             out += self._hand_out(max_messages - len(out))
             now = time.monotonic()
+            returning = self._returning(wait_seconds)
+            if returning and not out:  # a release of ours due now: an empty receive is not idle yet
+                deadline = max(deadline, now + returning)
             if self._stopping:  # a SIGTERM is not held by the join's wait
                 deadline = min(deadline, start + wait_seconds)
             # Once something fetched waits in the buffer (a busy key's flood fills it, pauses its
@@ -475,10 +485,10 @@ class KafkaTransport(Transport):
                 len(out) >= max_messages
                 or now >= deadline
                 or (out and settled)
-                or (settled and now >= start + wait_seconds)
+                or (settled and not returning and now >= start + wait_seconds)
             ):
                 break
-            until = deadline if not settled else start + wait_seconds
+            until = deadline if not settled or returning else start + wait_seconds
             self._pull(max_messages, max(0.0, min(until - now, 0.5)))
             self._resume_due()
         if not self._warm and time.monotonic() - start >= _JOIN_SECONDS:
@@ -489,6 +499,18 @@ class KafkaTransport(Transport):
         if out:
             self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})  # the starts
         return out
+
+    def _returning(self, wait_seconds: float) -> float:
+        """How long to wait for our releases that are due within ``wait_seconds`` and not read back
+        yet (0: none): at most _RETURN_SECONDS past each one's due. An engine's batch ends after
+        an idle spell, and a loaded broker's fetch of a just-released message can take longer."""
+        now = time.time()
+        for at in [at for at, due in self._returns.items() if now >= due + _RETURN_SECONDS]:
+            del self._returns[at]  # given up on: never waited for again
+        if wait_seconds <= 0 or any(part.open for part in self._parts.values()):
+            return 0.0  # a poll, or messages in flight: the loop has other work, a batch is not idle
+        soon = [due for due in self._returns.values() if due <= now + wait_seconds]
+        return max(soon) + _RETURN_SECONDS - now if soon else 0.0
 
     def _fetched(self) -> bool:
         """Whether the main topic was assigned and each of its partitions here read to its end
@@ -532,6 +554,9 @@ class KafkaTransport(Transport):
                     self._due_pauses[tp] = due
                     held.add(tp)
                     continue
+            if topic == self.retry_topic and self._returns:  # back: no receive waits for it any more
+                for at in [at for at in self._returns if at[0] == partition and at[1] <= offset]:
+                    del self._returns[at]
             part.high = max(part.high, offset + 1)
             if part.was_settled(offset):
                 continue  # settled by the previous owner, past its commit point: not again
@@ -679,15 +704,21 @@ class KafkaTransport(Transport):
                 if part is not None:
                     part.committed = tp.offset
 
-    def _publish(self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]) -> None:
-        """Produce one record and wait until the broker has it (before the original is settled)."""
+    def _publish(
+        self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, int]:
+        """Produce one record and wait until the broker has it (before the original is settled);
+        returns its partition and offset."""
         if self._producer is None:
             raise BrokerUnavailable("Kafka: not connected")
         failed: list[KafkaError] = []
+        written: list[tuple[int, int]] = []
 
-        def done(err: KafkaError | None, _msg: Message) -> None:
+        def done(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 failed.append(err)
+            else:
+                written.append((msg.partition() or 0, msg.offset() or 0))
 
         try:
             self._producer.produce(
@@ -699,6 +730,7 @@ class KafkaTransport(Transport):
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic} did not take the record in time")
         if failed:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic}: {failed[0].str()}")
+        return written[0] if written else (-1, -1)
 
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery)
@@ -720,7 +752,9 @@ class KafkaTransport(Transport):
             **({"sent": ref.sent} if ref.sent else {}),
             **({"traceparent": ref.traceparent} if ref.traceparent else {}),
         }
-        self._publish(self.retry_topic, delivery.body, ref.key, headers)
+        at = self._publish(self.retry_topic, delivery.body, ref.key, headers)
+        if (self.retry_topic, at[0]) in self._parts:  # ours to read back: receives wait for it when due
+            self._returns[at] = float(due)
         self._settle(delivery)
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
