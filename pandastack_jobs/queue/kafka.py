@@ -38,6 +38,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -71,6 +72,7 @@ logger = logging.getLogger(__name__)
 _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the module's logger
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
+_FLOOD = _PREFETCH * 3 // 4  # of those, from one partition at most (then it pauses)
 _FLUSH_SECONDS = 10.0
 # What a group coordinator answers while it is not ready yet (asked again by ``backlog``).
 _COORDINATOR_BUSY = ("Coordinator load in progress", "Coordinator not available", "Not coordinator")
@@ -442,22 +444,35 @@ class KafkaTransport(Transport):
         memory, stay bounded by _PREFETCH (and one poll's worth) however long a receive waits."""
         room = _PREFETCH - len(self._buffer)
         if room > 0:
-            self._resume_full()
-            self._take(self._consume(max(1, min(n, room)), timeout))
-            return
-        for consumer in self._consumers.values():
-            paused = {(tp.topic, tp.partition) for tp in self._full_paused} | set(self._due_pauses)
-            tps = [tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in paused]
-            if tps:  # a partition assigned since the last pause is paused too
-                consumer.pause(tps)
-                self._full_paused += tps
-        self._take(self._consume(1, timeout))
+            # One partition holds at most _FLOOD of the places: a key's flood (order=key) does
+            # not take the room the other partitions' messages need to come in and run.
+            held = Counter((r.ref.topic, r.ref.partition) for r in self._buffer)
+            self._pause_only({tp for tp, k in held.items() if k >= _FLOOD})
+        else:
+            self._pause_only(
+                {(tp.topic, tp.partition) for c in self._consumers.values() for tp in c.assignment()}
+            )
+        self._take(self._consume(max(1, min(n, room)), timeout))
+
+    def _pause_only(self, tps: set[tuple[str, int]]) -> None:
+        """Keep exactly ``tps`` paused for the buffer (those paused for a retry's due stay so):
+        only what changed is paused or resumed, a pause drops what the client had fetched."""
+        tps -= set(self._due_pauses)
+        now = {(tp.topic, tp.partition) for tp in self._full_paused}
+        for topic, consumer in self._consumers.items():
+            resume = [
+                TopicPartition(t, p) for t, p in now - tps if t == topic and (t, p) not in self._due_pauses
+            ]
+            pause = [TopicPartition(t, p) for t, p in tps - now if t == topic]
+            if resume:
+                consumer.resume(resume)
+            if pause:
+                consumer.pause(pause)
+        self._full_paused = [TopicPartition(t, p) for t, p in sorted(tps)]
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         self._subscribe()
         self._resume_due()
-        if len(self._buffer) < _PREFETCH:
-            self._resume_full()
         start = time.monotonic()
         deadline = start + wait_seconds
         if not self._fetched():
@@ -643,12 +658,6 @@ class KafkaTransport(Transport):
         if due:
             for t, p in due:
                 self._consumers[t].resume([TopicPartition(t, p)])
-
-    def _resume_full(self) -> None:
-        if self._full_paused and self._consumers:
-            for tp in self._full_paused:
-                self._consumers[tp.topic].resume([tp])
-            self._full_paused = []
 
     # -- settling --------------------------------------------------------------------------------
 

@@ -417,3 +417,25 @@ def test_a_release_holds_no_receive_that_is_not_idle_or_not_due(monkeypatch: pyt
     t._parts[(t.topic, 0)].open.add(7)  # a job running
     got, took = _timed(clock, t, 4, 0.3)
     assert got == [] and took < 0.35, took
+
+
+def test_a_key_flooding_one_partition_leaves_room_for_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """order=key: one key's flood on partition 0 has filled the buffer when a victim's three
+    messages reach partition 1. A partition takes at most _FLOOD of the _PREFETCH places, so the
+    victim's come in and run beside the flood (red team: 11.8 s for the victim's three on a
+    loaded machine; seen failing before the fix: none of them in 30 receives, the full buffer
+    paused partition 1 too and each freed place went to partition 0 again)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, fake, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: []})
+    running = _timed(clock, t, 4, 0.3)[0] + _timed(clock, t, 4, 5.0)[0]
+    assert _ids(running) == ["evil0"] and len(t._buffer) >= _PREFETCH * 3 // 4
+    fake.partitions[1] += [b"victim"] * 3
+    seen: list[str] = []
+    for _ in range(30):
+        for d in running:  # each job done at once: the keys free up
+            t.ack(d)
+        t.heartbeat()  # the consumer's loop polls between receives
+        running = _timed(clock, t, 4, 0.3)[0]
+        seen += [i for i in _ids(running) if i.startswith("victim")]
+        assert len(t._buffer) <= _PREFETCH
+    assert seen == ["victim0", "victim1", "victim2"], seen
