@@ -303,6 +303,7 @@ class Consumer:
     def stop(self) -> None:
         """Stop pulling; running jobs get ``drain_seconds`` to finish (safe from a signal handler)."""
         self._stop.set()
+        self.transport.wake()  # a receive under way that waits longer than asked ends sooner
 
     def install_signal_handlers(self) -> None:
         """SIGTERM and SIGINT drain (call from the main thread)."""

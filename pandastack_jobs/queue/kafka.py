@@ -38,6 +38,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -71,11 +72,13 @@ logger = logging.getLogger(__name__)
 _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the module's logger
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
+_FLOOD = _PREFETCH * 3 // 4  # of those, from one partition at most (then it pauses)
 _FLUSH_SECONDS = 10.0
 # What a group coordinator answers while it is not ready yet (asked again by ``backlog``).
 _COORDINATOR_BUSY = ("Coordinator load in progress", "Coordinator not available", "Not coordinator")
 _EVENT_ROUNDS = 4  # consume() calls one receive makes for the places events took in a batch
 _JOIN_SECONDS = 30.0  # how long the first receive waits for the first assignment (a loaded join: >10 s)
+_RETURN_SECONDS = 5.0  # how long past its due an empty receive waits for a release of ours to come back
 # A commit that fails with these means the partition is no longer ours (a rebalance).
 _FENCED = frozenset(
     {
@@ -223,6 +226,10 @@ class KafkaTransport(Transport):
         # ``_warm`` once they all were: later rebalances wait no more.
         self._reached: set[tuple[str, int]] = set()
         self._warm = False
+        self._stopping = False  # wake(): the consumer is stopping, the join's wait is over
+        # Our releases on retry partitions this member owns, not read back yet: (partition,
+        # offset) -> not-before. An empty receive is not idle while one is due (``_returning``).
+        self._returns: dict[tuple[int, int], float] = {}
         self._dirty: set[tuple[str, int]] = set()  # partitions whose last commit did not go through
         self._producer: Producer | None = None
         self._admin: AdminClient | None = None
@@ -337,7 +344,12 @@ class KafkaTransport(Transport):
             wait = 0
         return got
 
+    def wake(self) -> None:
+        """The consumer is stopping: a receive waiting for the group's join ends at its own wait."""
+        self._stopping = True
+
     def close(self) -> None:
+        self._stopping = False  # opened again, the transport joins again
         if self._consumers:
             for consumer in self._consumers.values():
                 try:
@@ -396,6 +408,9 @@ class KafkaTransport(Transport):
         self._buffer = [r for r in self._buffer if (r.ref.topic, r.ref.partition) not in gone]
         self._full_paused = [tp for tp in self._full_paused if (tp.topic, tp.partition) not in gone]
         self._busy = {k: tp for k, tp in self._busy.items() if tp not in gone}
+        self._returns = {
+            at: due for at, due in self._returns.items() if (self.retry_topic, at[0]) not in gone
+        }
 
     def owned(self) -> list[int]:
         """The main topic's partitions this member holds now. A consumer is ``ready`` once
@@ -420,25 +435,44 @@ class KafkaTransport(Transport):
         self._resume_due()
         if self._dirty:
             self._commit(set(self._dirty))
+        self._pull(_PREFETCH, 0)
+
+    def _pull(self, n: int, timeout: float) -> None:
+        """Poll both consumers, waiting at most ``timeout``, and buffer up to ``n`` records, never
+        more than the buffer's room: a full buffer pauses the partitions, and the poll then only
+        serves the clients' callbacks (rebalances, errors). So the records held, and their bodies'
+        memory, stay bounded by _PREFETCH (and one poll's worth) however long a receive waits."""
         room = _PREFETCH - len(self._buffer)
         if room > 0:
-            self._resume_full()
-            self._take(self._consume(room, 0))
+            # One partition holds at most _FLOOD of the places: a key's flood (order=key) does
+            # not take the room the other partitions' messages need to come in and run.
+            held = Counter((r.ref.topic, r.ref.partition) for r in self._buffer)
+            self._pause_only({tp for tp, k in held.items() if k >= _FLOOD})
         else:
-            if not self._full_paused:
-                for consumer in self._consumers.values():
-                    tps = [
-                        tp for tp in consumer.assignment() if (tp.topic, tp.partition) not in self._due_pauses
-                    ]
-                    consumer.pause(tps)
-                    self._full_paused += tps
-            self._take(self._consume(1, 0))
+            self._pause_only(
+                {(tp.topic, tp.partition) for c in self._consumers.values() for tp in c.assignment()}
+            )
+        self._take(self._consume(max(1, min(n, room)), timeout))
+
+    def _pause_only(self, tps: set[tuple[str, int]]) -> None:
+        """Keep exactly ``tps`` paused for the buffer (those paused for a retry's due stay so):
+        only what changed is paused or resumed, a pause drops what the client had fetched."""
+        tps -= set(self._due_pauses)
+        now = {(tp.topic, tp.partition) for tp in self._full_paused}
+        for topic, consumer in self._consumers.items():
+            resume = [
+                TopicPartition(t, p) for t, p in now - tps if t == topic and (t, p) not in self._due_pauses
+            ]
+            pause = [TopicPartition(t, p) for t, p in tps - now if t == topic]
+            if resume:
+                consumer.resume(resume)
+            if pause:
+                consumer.pause(pause)
+        self._full_paused = [TopicPartition(t, p) for t, p in sorted(tps)]
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         self._subscribe()
         self._resume_due()
-        if len(self._buffer) < _PREFETCH:
-            self._resume_full()
         start = time.monotonic()
         deadline = start + wait_seconds
         if not self._fetched():
@@ -446,32 +480,58 @@ class KafkaTransport(Transport):
             # read to its end once, an empty receive is not an idle queue (an engine's batch must
             # not end on it), and what it hands out is not all there is (the first chunks would
             # be cut by the order the partitions' first fetches answer in). It waits up to
-            # _JOIN_SECONDS for that, or for ``max_messages``.
+            # _JOIN_SECONDS for that, or for ``max_messages``; not once records wait in the
+            # buffer, and the bound holds once per transport (below).
             deadline = max(deadline, start + _JOIN_SECONDS)
         out: list[Delivery] = []
         while True:
             out += self._hand_out(max_messages - len(out))
-            left = deadline - time.monotonic()
-            fetched = self._fetched()
+            now = time.monotonic()
+            returning = self._returning(wait_seconds)
+            if returning and not out:  # a release of ours due now: an empty receive is not idle yet
+                deadline = max(deadline, now + returning)
+            if self._stopping:  # a SIGTERM is not held by the join's wait
+                deadline = min(deadline, start + wait_seconds)
+            # Once something fetched waits in the buffer (a busy key's flood fills it, pauses its
+            # partition and so never lets it reach its end), the view is not cold any more: the
+            # receive waits its own time, not the join's.
+            settled = self._fetched() or bool(self._buffer)
             if (
                 len(out) >= max_messages
-                or left <= 0
-                or (out and fetched)
-                or (fetched and time.monotonic() >= start + wait_seconds)
+                or now >= deadline
+                or (out and settled)
+                or (settled and not returning and now >= start + wait_seconds)
             ):
                 break
-            self._take(
-                self._consume(max(1, min(max_messages, _PREFETCH - len(self._buffer))), min(left, 0.5))
-            )
+            until = deadline if not settled or returning else start + wait_seconds
+            self._pull(max_messages, max(0.0, min(until - now, 0.5)))
             self._resume_due()
+        if not self._warm and time.monotonic() - start >= _JOIN_SECONDS:
+            # The join's bound ran out without every partition fetched (a member the group gave
+            # none, a partition whose leader is away): it applies once per transport, later
+            # receives (and the consumer's loop, which hears SIGTERM between them) wait their own.
+            self._warm = True
         if out:
             self._commit({(r.topic, r.partition) for r in (d.handle for d in out)})  # the starts
         return out
 
+    def _returning(self, wait_seconds: float) -> float:
+        """How long to wait for our releases that are due within ``wait_seconds`` and not read back
+        yet (0: none): at most _RETURN_SECONDS past each one's due. An engine's batch ends after
+        an idle spell, and a loaded broker's fetch of a just-released message can take longer."""
+        now = time.time()
+        for at in [at for at, due in self._returns.items() if now >= due + _RETURN_SECONDS]:
+            del self._returns[at]  # given up on: never waited for again
+        if wait_seconds <= 0 or any(part.open for part in self._parts.values()):
+            return 0.0  # a poll, or messages in flight: the loop has other work, a batch is not idle
+        soon = [due for due in self._returns.values() if due <= now + wait_seconds]
+        return max(soon) + _RETURN_SECONDS - now if soon else 0.0
+
     def _fetched(self) -> bool:
         """Whether the main topic was assigned and each of its partitions here read to its end
-        once, since the first receive. Kept once true: a partition gained in a later rebalance,
-        or one whose leader is away, never holds a receive (and the consumer's loop) past its wait."""
+        once, since the first receive. Kept once true (and set when a receive's join bound ran
+        out): a partition gained in a later rebalance, or one whose leader is away, never holds a
+        receive (and the consumer's loop) past its wait."""
         if not self._warm:
             mine = [tp for tp in self._parts if tp[0] == self.topic]
             self._warm = self.topic in self._assigned and all(tp in self._reached for tp in mine)
@@ -509,6 +569,9 @@ class KafkaTransport(Transport):
                     self._due_pauses[tp] = due
                     held.add(tp)
                     continue
+            if topic == self.retry_topic and self._returns:  # back: no receive waits for it any more
+                for at in [at for at in self._returns if at[0] == partition and at[1] <= offset]:
+                    del self._returns[at]
             part.high = max(part.high, offset + 1)
             if part.was_settled(offset):
                 continue  # settled by the previous owner, past its commit point: not again
@@ -596,12 +659,6 @@ class KafkaTransport(Transport):
             for t, p in due:
                 self._consumers[t].resume([TopicPartition(t, p)])
 
-    def _resume_full(self) -> None:
-        if self._full_paused and self._consumers:
-            for tp in self._full_paused:
-                self._consumers[tp.topic].resume([tp])
-            self._full_paused = []
-
     # -- settling --------------------------------------------------------------------------------
 
     def _part_of(self, delivery: Delivery) -> _Part:
@@ -656,15 +713,21 @@ class KafkaTransport(Transport):
                 if part is not None:
                     part.committed = tp.offset
 
-    def _publish(self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]) -> None:
-        """Produce one record and wait until the broker has it (before the original is settled)."""
+    def _publish(
+        self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, int]:
+        """Produce one record and wait until the broker has it (before the original is settled);
+        returns its partition and offset."""
         if self._producer is None:
             raise BrokerUnavailable("Kafka: not connected")
         failed: list[KafkaError] = []
+        written: list[tuple[int, int]] = []
 
-        def done(err: KafkaError | None, _msg: Message) -> None:
+        def done(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 failed.append(err)
+            else:
+                written.append((msg.partition() or 0, msg.offset() or 0))
 
         try:
             self._producer.produce(
@@ -676,6 +739,7 @@ class KafkaTransport(Transport):
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic} did not take the record in time")
         if failed:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic}: {failed[0].str()}")
+        return written[0] if written else (-1, -1)
 
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery)
@@ -697,7 +761,9 @@ class KafkaTransport(Transport):
             **({"sent": ref.sent} if ref.sent else {}),
             **({"traceparent": ref.traceparent} if ref.traceparent else {}),
         }
-        self._publish(self.retry_topic, delivery.body, ref.key, headers)
+        at = self._publish(self.retry_topic, delivery.body, ref.key, headers)
+        if (self.retry_topic, at[0]) in self._parts:  # ours to read back: receives wait for it when due
+            self._returns[at] = float(due)
         self._settle(delivery)
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:

@@ -189,6 +189,11 @@ class Transport(ABC):
     def heartbeat(self) -> None:  # noqa: B027 - optional
         """Called on every turn of the loop: service the connection (RabbitMQ's heartbeats)."""
 
+    def wake(self) -> None:  # noqa: B027 - optional
+        """The consumer is stopping (its ``stop()``, maybe from a signal handler: only set a flag
+        here): a receive that may wait past its ``wait_seconds`` (Kafka's first, for the group's
+        join) ends at its own wait instead, so a SIGTERM is not held by it."""
+
     @abstractmethod
     def send(self, body: bytes, message_id: str | None = None) -> None:
         """Enqueue a message (the producer's side: the examples, the tests, ``pandastack-jobs send``)."""

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-from pandastack_jobs.queue.kafka import _META_BYTES, KafkaTransport, _Part, _tenant
+from pandastack_jobs.queue import Consumer, kafka
+from pandastack_jobs.queue.kafka import _JOIN_SECONDS, _META_BYTES, _PREFETCH, KafkaTransport, _Part, _tenant
+from pandastack_jobs.queue.memory import MemoryTransport
+from pandastack_jobs.queue.transport import Delivery
 
 
 def test_the_commit_point_is_the_lowest_unsettled_offset_and_settled_ones_past_it_are_listed() -> None:
@@ -146,3 +151,291 @@ def test_an_assigned_partition_not_fetched_yet_is_not_an_idle_queue() -> None:
         assert t.receive(10, 0.3) == []
         assert time.monotonic() - started < 1.5
         t._on_assign(t._consumers[t.topic], [TopicPartition(t.topic, 2)])
+
+
+class _Clock:
+    """A clock the fakes step (the transport reads ``time.monotonic`` and ``time.time``): the
+    join's 30 s bound is crossed in milliseconds."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _KeyedRecord(_FakeRecord):
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None, key: bytes) -> None:
+        super().__init__(topic, partition, offset, value)
+        self._key = key
+
+    def key(self) -> bytes:  # type: ignore[override]
+        return self._key
+
+
+class _Partitions:
+    """A consumer of a stepped clock: on its first poll the group assigns ``partitions`` (maybe
+    none), each a list of record keys (a record value names its key and offset); a partition's
+    end comes once it is read through. Paused partitions hand out nothing (librdkafka drops what
+    it had fetched for them). A poll that returns records takes 10 ms; an empty one its timeout."""
+
+    def __init__(
+        self, transport: KafkaTransport, topic: str, clock: _Clock, partitions: dict[int, list[bytes]]
+    ):
+        self.transport, self.topic, self.clock, self.partitions = transport, topic, clock, partitions
+        self.position = dict.fromkeys(partitions, 0)
+        self.ended: set[int] = set()
+        self.paused: set[int] = set()
+        self.joined = False
+        self.peak_buffer = 0  # the most records the transport held while this consumer was polled
+        self.stop_at: float | None = None  # when the consumer's stop() wakes the transport (SIGTERM)
+
+    def consume(self, n: int, timeout: float) -> list[_FakeRecord]:
+        assert n >= 1
+        self.peak_buffer = max(self.peak_buffer, len(self.transport._buffer))
+        if self.stop_at is not None and self.clock.now >= self.stop_at:
+            self.transport.wake()
+        if not self.joined:
+            self.joined = True
+            self.transport._on_assign(self, self.assignment())  # type: ignore[arg-type]
+        out: list[_FakeRecord] = []
+        taken = -1
+        while len(out) < n and taken != 0:  # one record of each partition in turn, as fetches interleave
+            taken = 0
+            for p, keys in self.partitions.items():
+                at = self.position[p]
+                if p in self.paused or at >= len(keys) or len(out) >= n:
+                    continue
+                value = json.dumps({"id": f"{keys[at].decode()}{at}", "command": "true"}).encode()
+                out.append(_KeyedRecord(self.topic, p, at, value, keys[at]))
+                self.position[p], taken = at + 1, taken + 1
+        for p, keys in self.partitions.items():
+            if p not in self.paused and self.position[p] == len(keys) and p not in self.ended:
+                self.ended.add(p)
+                out.append(_FakeRecord(self.topic, p, self.position[p]))
+        self.clock.sleep(0.01 if out else timeout)
+        return out
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, p) for p in self.partitions]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool) -> list[TopicPartition]:
+        return offsets
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused |= {tp.partition for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {tp.partition for tp in tps}
+
+    def close(self) -> None:
+        pass
+
+
+def _stepped(
+    monkeypatch: pytest.MonkeyPatch, url: str, main: dict[int, list[bytes]]
+) -> tuple[KafkaTransport, _Partitions, _Clock]:
+    clock = _Clock()
+    monkeypatch.setattr(kafka, "time", clock)
+    t = KafkaTransport(url)
+    fake = _Partitions(t, t.topic, clock, main)
+    t._consumers[t.topic] = fake  # type: ignore[assignment]
+    t._consumers[t.retry_topic] = _Partitions(t, t.retry_topic, clock, {})  # type: ignore[assignment]
+    return t, fake, clock
+
+
+def _timed(clock: _Clock, t: KafkaTransport, n: int, wait: float) -> tuple[list[Delivery], float]:
+    started = clock.now
+    got = t.receive(n, wait)
+    return got, clock.now - started
+
+
+def _ids(got: list[Delivery]) -> list[str]:
+    return sorted(json.loads(d.body)["id"] for d in got)
+
+
+def test_a_busy_key_flooding_its_partition_holds_no_receive_past_its_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """order=key, 40k records of one key on partition 0 and a victim's three on partition 1: the
+    flood fills the buffer, partition 0 pauses and never reaches its end, and the busy key hands
+    nothing out. A receive still answers within its own wait (red team: every receive took the
+    join's 30 s, the victim's three took 182 s; seen failing before the fix: 30 s)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, _, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: [b"victim"] * 3})
+    got, took = _timed(clock, t, 4, 0.3)
+    assert _ids(got) == ["evil0", "victim0"] and took < 1, (_ids(got), took)
+    for _ in range(3):  # both keys busy: nothing to hand out, an idle wait of 0.3 s each
+        nothing, took = _timed(clock, t, 4, 0.3)
+        assert nothing == [] and 0.3 <= took < 0.35, (_ids(nothing), took)
+    for n in (1, 2):  # the victim's next message as soon as its previous one is acked
+        t.ack(next(d for d in got if json.loads(d.body)["id"].startswith("victim")))
+        got, took = _timed(clock, t, 4, 0.3)
+        assert _ids(got) == [f"victim{n}"] and took < 1, (_ids(got), took)
+
+
+def test_a_cold_receive_never_buffers_past_the_prefetch_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receive that waits (cold, or a busy key's) takes records only into the buffer's room:
+    a full buffer pauses the partitions, as the heartbeat does (red team: 399 records of 900 KB,
+    359 MB, held by a cold receive; seen failing before the fix: thousands buffered)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, fake, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: [b"evil"] * 40_000})
+    for wait in (0.3, 5.0, 5.0):
+        _timed(clock, t, 4, wait)
+        assert len(t._buffer) <= _PREFETCH and fake.peak_buffer <= _PREFETCH, (
+            len(t._buffer),
+            fake.peak_buffer,
+        )
+    assert fake.paused == {0, 1}
+    t.heartbeat()  # the loop's poll between receives keeps to the bound too
+    assert len(t._buffer) <= _PREFETCH + 1
+
+
+def test_a_member_without_partitions_waits_the_joins_bound_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three members, two partitions: the group hands one of them nothing, so its view never gets
+    "fetched". Its first receive may wait the join's bound; later ones wait their own time (red
+    team: every receive took 30 s, a SIGTERM 15.6 s; seen failing before the fix: 30 s each)."""
+    t, _, clock = _stepped(monkeypatch, "kafka://127.0.0.1:1?topic=jobs&group=g", {})
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and _JOIN_SECONDS <= took < _JOIN_SECONDS + 1
+    for _ in range(3):
+        got, took = _timed(clock, t, 4, 0.3)
+        assert got == [] and 0.3 <= took < 0.35, took
+
+
+def test_a_stop_ends_the_joins_wait_of_a_receive_under_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during the first receive of a member the group gave nothing: the consumer's stop()
+    wakes the transport and the receive returns within its own wait, not at the join's bound (red
+    team: the partitionless worker exited 15.6 s after SIGTERM, 10.1 s after the first fix; seen
+    failing before this: the receive took the whole 30 s)."""
+    t, fake, clock = _stepped(monkeypatch, "kafka://127.0.0.1:1?topic=jobs&group=g", {})
+    fake.stop_at = clock.now + 2
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and 2 <= took < 2.6, took
+    t.close()  # a transport opened again (another run) waits for its join again
+    assert not t._stopping
+
+
+def test_the_consumers_stop_wakes_its_transport() -> None:
+    transport = MemoryTransport()
+    woken: list[bool] = []
+    transport.wake = lambda: woken.append(True)  # type: ignore[method-assign]
+    Consumer(transport).stop()
+    assert woken == [True]
+
+
+class _Produced(_FakeRecord):
+    def __init__(self, topic: str, offset: int, value: bytes, key: bytes | None, headers: list[Any]) -> None:
+        super().__init__(topic, 0, offset, value)
+        self._key, self._headers = key, headers
+
+    def key(self) -> bytes | None:  # type: ignore[override]
+        return self._key
+
+    def headers(self) -> list[Any]:  # type: ignore[override]
+        return self._headers
+
+
+class _RetryLane(_Partitions):
+    """The retry topic (one partition, ours) and the producer writing to it: a record produced
+    reaches the consumer ``lag`` seconds later (a loaded broker's fetch)."""
+
+    def __init__(self, transport: KafkaTransport, clock: _Clock, lag: float) -> None:
+        super().__init__(transport, transport.retry_topic, clock, {0: []})
+        self.records: list[tuple[float, _Produced]] = []
+        self.lag = lag
+
+    def produce(
+        self, topic: str, value: bytes, key: bytes | None, headers: list[Any], on_delivery: Any
+    ) -> None:
+        rec = _Produced(topic, len(self.records), value, key, headers)
+        self.records.append((self.clock.now + self.lag, rec))
+        on_delivery(None, rec)
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.position[tp.partition] = tp.offset
+
+    def consume(self, n: int, timeout: float) -> list[_FakeRecord]:
+        if not self.joined:
+            self.joined = True
+            self.transport._on_assign(self, self.assignment())  # type: ignore[arg-type]
+        at = self.position[0]
+        if 0 in self.paused or at >= len(self.records) or self.records[at][0] > self.clock.now:
+            self.clock.sleep(timeout)
+            return []
+        self.position[0] += 1
+        return [self.records[at][1]]
+
+
+def _released(
+    monkeypatch: pytest.MonkeyPatch, lag: float, delay: float
+) -> tuple[KafkaTransport, Delivery, _Clock]:
+    t, _, clock = _stepped(monkeypatch, "kafka://127.0.0.1:1?topic=jobs&group=g", {0: [b"k"]})
+    lane = _RetryLane(t, clock, lag)
+    t._consumers[t.retry_topic] = t._producer = lane  # type: ignore[assignment]
+    (first,) = t.receive(4, 0.3)
+    t.release(first, delay)
+    return t, first, clock
+
+
+def test_a_release_coming_back_within_the_wait_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message released for 0.2 s to a retry partition this member owns: an empty receive is not
+    idle while that record has not come back (bounded), so an engine's batch does not end before
+    the redelivery (CI, Prefect on Kafka under load: a batch ended 2 s idle with the flaky message
+    acked never; seen failing before the fix: [] after 0.3 s)."""
+    t, first, clock = _released(monkeypatch, lag=3.0, delay=0.2)
+    got, took = _timed(clock, t, 4, 0.3)
+    assert [(d.message_id, d.count) for d in got] == [(first.message_id, 2)] and 3 <= took < 3.6, took
+    # One that takes longer than the bound holds a receive no longer than that, and only once.
+    t, first, clock = _released(monkeypatch, lag=100.0, delay=0.2)
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and took < 0.2 + kafka._RETURN_SECONDS + 0.6, took
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and took < 0.35, took
+
+
+def test_a_release_holds_no_receive_that_is_not_idle_or_not_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only an idle receive waits for a release: not a poll (wait 0), not while other messages
+    are in flight (the loop settles them between receives), not for a release due later."""
+    t, _, clock = _released(monkeypatch, lag=0.1, delay=60.0)
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and took < 0.35, took
+    t, _, clock = _released(monkeypatch, lag=3.0, delay=0.2)
+    assert _timed(clock, t, 4, 0) == ([], 0)
+    t._parts[(t.topic, 0)].open.add(7)  # a job running
+    got, took = _timed(clock, t, 4, 0.3)
+    assert got == [] and took < 0.35, took
+
+
+def test_a_key_flooding_one_partition_leaves_room_for_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """order=key: one key's flood on partition 0 has filled the buffer when a victim's three
+    messages reach partition 1. A partition takes at most _FLOOD of the _PREFETCH places, so the
+    victim's come in and run beside the flood (red team: 11.8 s for the victim's three on a
+    loaded machine; seen failing before the fix: none of them in 30 receives, the full buffer
+    paused partition 1 too and each freed place went to partition 0 again)."""
+    url = "kafka://127.0.0.1:1?topic=jobs&group=g&order=key"
+    t, fake, clock = _stepped(monkeypatch, url, {0: [b"evil"] * 40_000, 1: []})
+    running = _timed(clock, t, 4, 0.3)[0] + _timed(clock, t, 4, 5.0)[0]
+    assert _ids(running) == ["evil0"] and len(t._buffer) >= _PREFETCH * 3 // 4
+    fake.partitions[1] += [b"victim"] * 3
+    seen: list[str] = []
+    for _ in range(30):
+        for d in running:  # each job done at once: the keys free up
+            t.ack(d)
+        t.heartbeat()  # the consumer's loop polls between receives
+        running = _timed(clock, t, 4, 0.3)[0]
+        seen += [i for i in _ids(running) if i.startswith("victim")]
+        assert len(t._buffer) <= _PREFETCH
+    assert seen == ["victim0", "victim1", "victim2"], seen
