@@ -72,7 +72,6 @@ logger = logging.getLogger(__name__)
 _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the module's logger
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
-_FLOOD = _PREFETCH * 3 // 4  # of those, from one partition at most (then it pauses)
 _FLUSH_SECONDS = 10.0
 # What a group coordinator answers while it is not ready yet (asked again by ``backlog``).
 _COORDINATOR_BUSY = ("Coordinator load in progress", "Coordinator not available", "Not coordinator")
@@ -439,20 +438,16 @@ class KafkaTransport(Transport):
 
     def _pull(self, n: int, timeout: float) -> None:
         """Poll both consumers, waiting at most ``timeout``, and buffer up to ``n`` records, never
-        more than the buffer's room: a full buffer pauses the partitions, and the poll then only
-        serves the clients' callbacks (rebalances, errors). So the records held, and their bodies'
-        memory, stay bounded by _PREFETCH (and one poll's worth) however long a receive waits."""
-        room = _PREFETCH - len(self._buffer)
-        if room > 0:
-            # One partition holds at most _FLOOD of the places: a key's flood (order=key) does
-            # not take the room the other partitions' messages need to come in and run.
-            held = Counter((r.ref.topic, r.ref.partition) for r in self._buffer)
-            self._pause_only({tp for tp, k in held.items() if k >= _FLOOD})
-        else:
-            self._pause_only(
-                {(tp.topic, tp.partition) for c in self._consumers.values() for tp in c.assignment()}
-            )
-        self._take(self._consume(max(1, min(n, room)), timeout))
+        more than the buffer's room. Each assigned partition holds at most its share of the
+        buffer (_PREFETCH over the partitions, at least one record), then pauses: a key's flood
+        (order=key), on any number of partitions, never takes the room another partition's
+        messages need to come in and run. So the records held, and their bodies' memory, stay
+        bounded by max(_PREFETCH, partitions) however long a receive waits; with every partition
+        at its share the poll only serves the clients' callbacks (rebalances, errors)."""
+        share = max(1, _PREFETCH // max(1, len(self._parts)))
+        held = Counter((r.ref.topic, r.ref.partition) for r in self._buffer)
+        self._pause_only({tp for tp, k in held.items() if k >= share})
+        self._take(self._consume(max(1, min(n, _PREFETCH - len(self._buffer))), timeout))
 
     def _pause_only(self, tps: set[tuple[str, int]]) -> None:
         """Keep exactly ``tps`` paused for the buffer (those paused for a retry's due stay so):
@@ -520,12 +515,22 @@ class KafkaTransport(Transport):
         yet (0: none): at most _RETURN_SECONDS past each one's due. An engine's batch ends after
         an idle spell, and a loaded broker's fetch of a just-released message can take longer."""
         now = time.time()
-        for at in [at for at, due in self._returns.items() if now >= due + _RETURN_SECONDS]:
-            del self._returns[at]  # given up on: never waited for again
+        for at in [
+            at
+            for at, due in self._returns.items()
+            if now >= due + _RETURN_SECONDS or not self._may_read_back(at[0])
+        ]:
+            del self._returns[at]  # given up on, or another member's: never waited for again
         if wait_seconds <= 0 or any(part.open for part in self._parts.values()):
             return 0.0  # a poll, or messages in flight: the loop has other work, a batch is not idle
         soon = [due for due in self._returns.values() if due <= now + wait_seconds]
         return max(soon) + _RETURN_SECONDS - now if soon else 0.0
+
+    def _may_read_back(self, partition: int) -> bool:
+        """Whether a record on this retry partition may come back to this member: it owns the
+        partition, or the retry topic's consumer has no assignment yet (it joins its group
+        seconds after the main one on a loaded broker, and a lone member gets every partition)."""
+        return self.retry_topic not in self._assigned or (self.retry_topic, partition) in self._parts
 
     def _fetched(self) -> bool:
         """Whether the main topic was assigned and each of its partitions here read to its end
@@ -762,7 +767,7 @@ class KafkaTransport(Transport):
             **({"traceparent": ref.traceparent} if ref.traceparent else {}),
         }
         at = self._publish(self.retry_topic, delivery.body, ref.key, headers)
-        if (self.retry_topic, at[0]) in self._parts:  # ours to read back: receives wait for it when due
+        if self._may_read_back(at[0]):  # receives wait for it when due
             self._returns[at] = float(due)
         self._settle(delivery)
 
