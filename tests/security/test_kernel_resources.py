@@ -243,14 +243,15 @@ def _allowed(flooded: Flooded) -> int:
     return (FLOOD_TEMPLATE["memory_mb"] + SLACK_MB) * MIB + flooded.noise
 
 
-def _assert_freed(sb: Any, flooded: Flooded) -> None:
-    """Deleting the sandbox gives back everything it queued."""
+def _unfreed(sb: Any, flooded: Flooded) -> int:
+    """Delete the sandbox and wait (up to 15 s) until the host has back what it queued: the bytes
+    still missing then (0: all back)."""
     sb.kill()
     floor = flooded.baseline - SLACK_MB * MIB - flooded.noise
     deadline = time.monotonic() + 15
     while (left := flooded.meter.free()) < floor and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert left >= floor, f"{(flooded.baseline - left) // MIB} MiB not freed with the sandbox"
+    return max(0, flooded.baseline - left) if left < floor else 0
 
 
 def flood_within_limit(server: LocalServer, kind: str) -> Flooded:
@@ -273,14 +274,17 @@ def flood_within_limit(server: LocalServer, kind: str) -> Flooded:
                 ):
                     return flooded
                 within = flooded.drop <= _allowed(flooded)
-                if within or attempt == 3:
+                # Without a memory cgroup of its own (a non-root server on cgroup v1) the meter is
+                # MemAvailable alone: a neighbour's burst after the delete lands here too, once.
+                unfreed = _unfreed(sb, flooded) if within else 0
+                if (within and not unfreed) or attempt == 3:
                     assert within, (
                         f"{kind}: the host lost {flooded.drop // MIB} MiB while a "
                         f"{FLOOD_TEMPLATE['memory_mb']} MB sandbox flooded (at most "
                         f"{_allowed(flooded) // MIB} MiB allowed: its limit, {SLACK_MB} MiB and the "
                         f"{flooded.noise // MIB} MiB the host moved by itself just before): {flooded.report}"
                     )
-                    _assert_freed(sb, flooded)
+                    assert not unfreed, f"{unfreed // MIB} MiB not freed with the sandbox"
                     return flooded
             finally:
                 with contextlib.suppress(pandastack.NotFoundError):
