@@ -72,10 +72,15 @@ class Proc:
             os.killpg(self.popen.pid, sig)
 
     def kill_tree(self) -> None:
-        """The machine dies: SIGKILL every descendant (those that left the group too), the group."""
-        for pid in descendants(self.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """The machine dies: every descendant (those that left the group too) and the group at
+        once. All are stopped (SIGSTOP, the root first) before any is killed, so no survivor sees
+        another die: a worker killed a moment after its flow-run process would report that run
+        crashed (CI under load saw it), which a dead machine never does."""
+        tree = [self.pid, *descendants(self.pid)]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
         self.kill_group(signal.SIGKILL)
         self.popen.wait(timeout=10)
 
