@@ -236,7 +236,7 @@ class KafkaTransport(Transport):
         self._epochs = itertools.count(1)
         self._buffer: list[_Record] = []
         self._due_pauses: dict[tuple[str, int], float] = {}
-        self._full_paused: list[TopicPartition] = []
+        self._share_paused: set[tuple[str, int]] = set()  # paused at their share of the buffer (_pull)
         self._busy: dict[bytes, tuple[str, int]] = {}  # order=key: key -> partition of its message out
         self._down: str | None = None
         self._rr = itertools.count()
@@ -405,7 +405,7 @@ class KafkaTransport(Transport):
             self._parts.pop(tp, None)
             self._due_pauses.pop(tp, None)
         self._buffer = [r for r in self._buffer if (r.ref.topic, r.ref.partition) not in gone]
-        self._full_paused = [tp for tp in self._full_paused if (tp.topic, tp.partition) not in gone]
+        self._share_paused -= gone
         self._busy = {k: tp for k, tp in self._busy.items() if tp not in gone}
         self._returns = {
             at: due for at, due in self._returns.items() if (self.retry_topic, at[0]) not in gone
@@ -453,7 +453,7 @@ class KafkaTransport(Transport):
         """Keep exactly ``tps`` paused for the buffer (those paused for a retry's due stay so):
         only what changed is paused or resumed, a pause drops what the client had fetched."""
         tps -= set(self._due_pauses)
-        now = {(tp.topic, tp.partition) for tp in self._full_paused}
+        now = self._share_paused
         for topic, consumer in self._consumers.items():
             resume = [
                 TopicPartition(t, p) for t, p in now - tps if t == topic and (t, p) not in self._due_pauses
@@ -463,7 +463,7 @@ class KafkaTransport(Transport):
                 consumer.resume(resume)
             if pause:
                 consumer.pause(pause)
-        self._full_paused = [TopicPartition(t, p) for t, p in sorted(tps)]
+        self._share_paused = tps
 
     def receive(self, max_messages: int, wait_seconds: float) -> list[Delivery]:
         self._subscribe()
