@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ CONCURRENCY = 4
 MAX_DELIVERIES = 2
 DEFAULTS = {"template": "base", "timeout": 20}
 RELEASE_DELAY = 0.5
-IDLE_SECONDS = 5.0  # nothing running and nothing received or settled: the batch is over
+IDLE_SECONDS = 5.0  # nothing running, received or settled, and PandaStack answering: the batch is over
 
 HONEST_JOB = """\
 import json, os
@@ -173,6 +174,26 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def batch_over(messages: int, deadline: float) -> Callable[[Stats], bool]:
+    """The demo's stop rule: every message settled, the deadline passed, or idle for longer than
+    any redelivery delay (a message was lost: reported as missing). While PandaStack is down the
+    consumer has paused pulling and holds the messages back uncharged: that is waiting, not idle,
+    and the idle clock starts again when it answers."""
+    resumed = float("-inf")
+
+    def over(stats: Stats) -> bool:
+        nonlocal resumed
+        now = time.monotonic()
+        if stats.acked + stats.dead_lettered >= messages or now > deadline:
+            return True
+        if stats.api_down_since is not None:
+            resumed = now
+            return False
+        return stats.in_flight == 0 and now - max(stats.last_activity, resumed) > IDLE_SECONDS
+
+    return over
+
+
 def run_queue_demo(redis_url: str, connection: ConnectionConfig, timeout: float = 240.0) -> QueueSummary:
     """Send the messages to a fresh stream on ``redis_url``, consume them, read the outcome back."""
     import redis
@@ -197,15 +218,7 @@ def run_queue_demo(redis_url: str, connection: ConnectionConfig, timeout: float 
         drain_seconds=10,
     )
     started = time.monotonic()
-    deadline = started + timeout
-
-    def done(stats: Stats) -> bool:
-        if stats.acked + stats.dead_lettered >= len(sent) or time.monotonic() > deadline:
-            return True
-        # Idle for longer than any redelivery delay: a message was lost (reported as missing).
-        return stats.in_flight == 0 and time.monotonic() - stats.last_activity > IDLE_SECONDS
-
-    stats = consumer.run(done)
+    stats = consumer.run(batch_over(len(sent), started + timeout))
     seconds = time.monotonic() - started
     r: Any = redis.Redis.from_url(redis_url)
     try:
