@@ -125,7 +125,8 @@ def rebase(spec: JobSpec, workdir: str) -> JobSpec:
 
     The command first removes whatever is at its result and collected paths (unless it was
     delivered there): an earlier mate can write into this mate's directory, and what it left
-    must never be read back as this mate's result.
+    must never be read back as this mate's result. (A process it left running can still write
+    it meanwhile: mates share a sandbox, so they must trust each other; docs/queues.md.)
     """
 
     def move(path: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from ..exceptions import JobSpecError, PandaStackJobsError
 from ..options import coerce_options
 from ..spec import DEFAULT_TEMPLATE, MAX_FILE_BYTES, MAX_RESULT_BYTES, Engine, JobKey, JobSpec
+from .transport import one_line
 
 FORMAT = "pandastack-job/1"
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -39,9 +40,9 @@ class MessageError(PandaStackJobsError, ValueError):
     """A message is malformed, oversized or of an unknown format; ``field`` names the culprit."""
 
     def __init__(self, field: str, problem: str) -> None:
-        self.field = field
+        self.field = one_line(field, 120)  # a producer's key: printable and short in every log
         self.problem = problem
-        super().__init__(f"{field}: {problem}")
+        super().__init__(f"{self.field}: {problem}")
 
 
 @dataclass(frozen=True)

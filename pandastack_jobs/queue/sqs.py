@@ -128,7 +128,7 @@ class SQSTransport(Transport):
             "reason": {"DataType": "String", "StringValue": why.reason[:4000] or "-"},
             "kind": {"DataType": "String", "StringValue": why.kind},
             "message_id": {"DataType": "String", "StringValue": delivery.message_id},
-            "why": {"DataType": "String", "StringValue": why.to_json()[:200_000]},
+            "why": {"DataType": "String", "StringValue": why.to_json()},
         }
         body = delivery.body.decode("utf-8", "replace") or "-"
         self._call("send_message", QueueUrl=self.urls["dead"], MessageBody=body, MessageAttributes=attrs)

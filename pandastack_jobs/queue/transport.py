@@ -10,6 +10,7 @@ reconnects with backoff and keeps its running jobs.
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -48,9 +49,33 @@ class Delivery:
     malformed: tuple[str, str] | None = None
 
 
+MAX_DEAD_LETTER_BYTES = 64 * 1024
+"""A dead letter's JSON at most: one header frame of every broker holds it (RabbitMQ's is 128 KiB)."""
+_UNSTORABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+def one_line(text: str, limit: int) -> str:
+    """A producer's text as one printable line of at most ``limit`` characters: control
+    characters escaped (a newline in a field name would forge a log line), lone surrogates too."""
+    text = text[: limit * 4]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def stored_text(text: str) -> str:
+    """Multi-line text (a reason, an output tail) every store takes: NUL (PostgreSQL's jsonb refuses
+    it), other control characters but newline and tab, lone surrogates and U+FFFE/U+FFFF (SQS
+    refuses them in an attribute) become U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
 @dataclass(frozen=True)
 class DeadLetter:
-    """Why a message went to the dead-letter destination; stored with the original body."""
+    """Why a message went to the dead-letter destination; stored with the original body.
+
+    Its text is a producer's and a job's: bounded and cleaned here, once for every transport
+    (a header frame, a jsonb column and a log line each refuse something else)."""
 
     reason: str
     kind: str
@@ -63,11 +88,34 @@ class DeadLetter:
     id: str | None = None
     broker_id: str = ""
 
+    def __post_init__(self) -> None:
+        reason = stored_text(self.reason)
+        clean = {
+            "reason": reason if len(reason) <= 4000 else reason[:3999] + "…",
+            "kind": one_line(self.kind, 64),
+            "field": None if self.field is None else one_line(self.field, 120),
+            "stdout_tail": stored_text(self.stdout_tail[-2000:]),
+            "stderr_tail": stored_text(self.stderr_tail[-2000:]),
+            "id": None if self.id is None else one_line(self.id, 256),
+            "broker_id": one_line(self.broker_id, 256),
+        }
+        for name, value in clean.items():
+            object.__setattr__(self, name, value)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.as_dict())
+        """At most :data:`MAX_DEAD_LETTER_BYTES` (ASCII): the tails and the reason are halved
+        until it fits (escaped characters take up to 12 bytes each)."""
+        doc = self.as_dict()
+        text = json.dumps(doc)
+        while len(text) > MAX_DEAD_LETTER_BYTES:
+            for name in ("stdout_tail", "stderr_tail"):
+                doc[name] = doc[name][len(doc[name]) // 2 :]
+            doc["reason"] = doc["reason"][: len(doc["reason"]) // 2]
+            text = json.dumps(doc)
+        return text
 
 
 class UnknownDeadLetter(PandaStackJobsError, LookupError):

@@ -9,7 +9,14 @@ import json
 import pytest
 
 from pandastack_jobs.queue.memory import MemoryTransport
-from pandastack_jobs.queue.transport import DeadLetterRecord, DeadLettersUnsupported, UnknownDeadLetter
+from pandastack_jobs.queue.message import MessageError
+from pandastack_jobs.queue.transport import (
+    MAX_DEAD_LETTER_BYTES,
+    DeadLetter,
+    DeadLetterRecord,
+    DeadLettersUnsupported,
+    UnknownDeadLetter,
+)
 from pandastack_jobs.testing import FakeClient
 from pandastack_local.testing.waiting import wait_for
 from tests.unit.core.test_queue_outage import _start, _stop
@@ -83,3 +90,45 @@ def test_a_stored_reason_is_read_from_its_json_or_its_dict(as_stored: object) ->
         3,
         12.5,
     )
+
+
+# A hostile producer's text in a dead letter (red team, session 11): a 450 KB unknown field name made
+# RabbitMQ's `x-pandastack-dead` header too large for one frame (the broker closed the connection
+# and every tenant's messages were dead-lettered); a NUL could never be stored by PostgreSQL's jsonb
+# (a loop, once per lease); a newline in a field name forged a log line.
+def test_a_dead_letter_of_hostile_text_is_bounded_single_line_and_nul_free() -> None:
+    huge = "\nWARNING forged: dead-lettered: id=victim" + "x" * 450_000 + "\x00"
+    why = DeadLetter(
+        reason=f"{huge}: is not a message field" * 3,
+        kind="malformed\x00",
+        field=huge,
+        deliveries=1,
+        stdout_tail="\x00" * 100_000,
+        stderr_tail="\ud800" * 100_000,
+        id=huge,
+        broker_id=huge,
+    )
+    text = why.to_json()
+    assert len(text.encode()) <= MAX_DEAD_LETTER_BYTES, len(text)
+    assert "\\u0000" not in text and "\\ud800" not in text
+    stored = json.loads(text)
+    assert stored["field"].startswith("\\nWARNING forged") and "\n" not in stored["field"]
+    assert len(stored["field"]) <= 120 and len(stored["id"]) <= 256 and len(stored["broker_id"]) <= 256
+    assert stored["kind"] == "malformed\\x00" and stored["deliveries"] == 1
+    # The reason keeps its lines (a traceback), bounded; the tails keep their ends.
+    assert len(stored["reason"]) <= 4000 and stored["reason"].endswith("…")
+    assert len(stored["stdout_tail"]) <= 2000 and len(stored["stderr_tail"]) <= 2000
+
+
+def test_ordinary_dead_letter_text_is_kept_as_it_is() -> None:
+    why = DeadLetter(
+        "job failed with exit code 1:\nTraceback ...", "exit_code", "comand", 2, "out", "err", "o-7", "m1"
+    )
+    assert json.loads(why.to_json()) == why.as_dict()
+    assert why.field == "comand" and why.reason.startswith("job failed with exit code 1:\nTraceback")
+
+
+def test_a_message_error_names_a_hostile_field_printably_and_briefly() -> None:
+    exc = MessageError("\nWARNING forged" + "y" * 10_000, "is not a message field")
+    assert "\n" not in exc.field and len(exc.field) <= 120
+    assert len(str(exc)) < 300
