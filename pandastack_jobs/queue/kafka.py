@@ -799,10 +799,12 @@ class KafkaTransport(Transport):
         except RecordRejected as exc:
             # Too large to dead-letter whole (a ~1 MB body or key plus the reason): dead-lettered
             # all the same, without them, the reason saying where the original still is.
+            # First, so a bound on the reason's length never cuts it off.
             kept = (
-                f"{why.reason} [the body of {len(delivery.body)} bytes and the key of"
-                f" {len(ref.key or b'')} bytes were not kept ({exc}); the original is"
-                f" {ref.topic}[{ref.partition}] at offset {ref.offset}, while the topic's retention keeps it]"
+                f"[not kept: the body of {len(delivery.body)} bytes and the key of"
+                f" {len(ref.key or b'')} bytes, the dead letter being refused whole ({exc}); the"
+                f" original is {ref.topic}[{ref.partition}] at offset {ref.offset}, while the"
+                f" topic's retention keeps it] {why.reason}"
             )
             short = dataclasses.replace(why, reason=kept)
             self._publish(self.dead_topic, b"", None, {"mid": delivery.message_id, "why": short.to_json()})

@@ -96,7 +96,8 @@ def test_a_dead_letter_too_large_to_keep_whole_is_kept_without_its_body_and_sett
     assert dead.value() == b"" and dead.key() is None
     why = json.loads(dict(dead.headers())["why"])
     assert why["kind"] == "malformed" and why["field"] == "body"
-    assert why["reason"].startswith("the body is over the limit")
+    assert why["reason"].startswith("[not kept: the body of 1030000 bytes")
+    assert why["reason"].endswith("] the body is over the limit")
     assert "1030000 bytes" in why["reason"] and f"key of {len(key)} bytes" in why["reason"]
     assert "jobs[0] at offset 0" in why["reason"] and "max.message.bytes" in why["reason"]
     part = t._parts[("jobs", 0)]
