@@ -36,7 +36,15 @@ from .chunks import check_key, group_of, plan, reap_chunks_before, run_chunk
 from .message import DEFAULT_MAX_MESSAGE_BYTES, MAX_JSON_DEPTH, MessageError, QueueJob, parse
 from .metrics import Observer, messaging_system
 from .outage import ApiKeyRejected, Backoff, Uncharged, maybe_platform, platform_failure, probe
-from .transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, Transport, correlation_id
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    Delivery,
+    LeaseLost,
+    RecordRejected,
+    Transport,
+    correlation_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -601,6 +609,19 @@ class Consumer:
             return True
 
     def _settle_one(self, work: _Work) -> bool:
+        """Settle one finished job. A record the broker refuses for itself (a result or a retry
+        record over the destination's size limit: :class:`RecordRejected`) is refused again on
+        every try: the message is dead-lettered now (kind ``reply_rejected`` or
+        ``release_rejected``), never held at the head of the settle queue as an outage."""
+        try:
+            return self._settle_outcome(work)
+        except RecordRejected as exc:  # from a release (the sink's own is handled where it is called)
+            d = work.delivery
+            reason = f"the broker refused the record that puts it back for a retry: {exc}"
+            self._dead(d, DeadLetter(reason, "release_rejected", None, d.count), work.job)
+            return True
+
+    def _settle_outcome(self, work: _Work) -> bool:
         d, outcome = work.delivery, work.outcome
         assert outcome is not None
         self.observer.settled(d, outcome)
@@ -652,6 +673,16 @@ class Consumer:
                     self.sink(work.job, d, outcome)
                 except BrokerUnavailable:
                     raise
+                except RecordRejected as exc:  # the same result is refused again: never a redelivery
+                    reason = (
+                        f"the broker refused its result: {exc}; re-running the job would give the same result"
+                    )
+                    tails = {
+                        "stdout_tail": outcome.stdout_tail[-2000:],
+                        "stderr_tail": outcome.stderr_tail[-2000:],
+                    }
+                    self._dead(d, DeadLetter(reason, "reply_rejected", None, d.count, **tails), work.job)
+                    return True
                 except Exception as exc:  # noqa: BLE001 - the result is not out: redeliver
                     logger.warning("message %s: result sink failed (%s); redelivering", d.message_id, exc)
                     self.transport.release(d, self.release_delay)

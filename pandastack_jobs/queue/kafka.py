@@ -31,6 +31,7 @@ docs/queues.md ("Kafka") has the semantics in full.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -63,6 +64,7 @@ from .transport import (
     DeadLetterRecord,
     Delivery,
     LeaseLost,
+    RecordRejected,
     Transport,
     body_string,
 )
@@ -90,6 +92,16 @@ _FENCED = frozenset(
     }
 )
 _DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
+# What refuses one record, not the connection (from produce() or its delivery report): the same
+# record is refused again, so it is :class:`RecordRejected`, never :class:`BrokerUnavailable`.
+_REJECTED = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.INVALID_MSG_SIZE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+    }
+)
 # Settings from the URL that only one kind of client takes (the others would warn about them).
 _CONSUMER_ONLY = frozenset(
     {
@@ -738,10 +750,16 @@ class KafkaTransport(Transport):
             self._producer.produce(
                 topic, value=value, key=key, headers=list(headers.items()), on_delivery=done
             )
-        except (KafkaException, BufferError) as exc:
+        except KafkaException as exc:
+            if exc.args[0].code() in _REJECTED:
+                raise _rejected(topic, value, key, headers, exc.args[0]) from None
+            raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc}") from None
+        except BufferError as exc:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc}") from None
         if self._producer.flush(_FLUSH_SECONDS) > 0:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic} did not take the record in time")
+        if failed and failed[0].code() in _REJECTED:
+            raise _rejected(topic, value, key, headers, failed[0])
         if failed:
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {topic}: {failed[0].str()}")
         return written[0] if written else (-1, -1)
@@ -774,9 +792,22 @@ class KafkaTransport(Transport):
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         ref: _Ref = delivery.handle
         self._part_of(delivery)
-        self._publish(
-            self.dead_topic, delivery.body, ref.key, {"mid": delivery.message_id, "why": why.to_json()}
-        )
+        try:
+            self._publish(
+                self.dead_topic, delivery.body, ref.key, {"mid": delivery.message_id, "why": why.to_json()}
+            )
+        except RecordRejected as exc:
+            # Too large to dead-letter whole (a ~1 MB body or key plus the reason): dead-lettered
+            # all the same, without them, the reason saying where the original still is.
+            # First, so a bound on the reason's length never cuts it off.
+            kept = (
+                f"[not kept: the body of {len(delivery.body)} bytes and the key of"
+                f" {len(ref.key or b'')} bytes, the dead letter being refused whole ({exc}); the"
+                f" original is {ref.topic}[{ref.partition}] at offset {ref.offset}, while the"
+                f" topic's retention keeps it] {why.reason}"
+            )
+            short = dataclasses.replace(why, reason=kept)
+            self._publish(self.dead_topic, b"", None, {"mid": delivery.message_id, "why": short.to_json()})
         self._settle(delivery)
 
     def _dead_records(self) -> list[tuple[Message, DeadLetterRecord]]:
@@ -926,6 +957,19 @@ def dead_reason(headers: list[tuple[str, bytes]] | None) -> dict[str, Any]:
     """The :class:`DeadLetter` a record of ``<topic>.dead`` carries."""
     raw = dict(headers or {}).get("why")
     return json.loads(raw) if raw else {}
+
+
+def _rejected(
+    topic: str, value: bytes, key: bytes | None, headers: dict[str, str], err: KafkaError
+) -> RecordRejected:
+    """The refusal of one record, naming its topic, its size and the settings that bound it."""
+    size = len(value) + len(key or b"") + sum(len(k) + len(v.encode()) for k, v in headers.items())
+    return RecordRejected(
+        f"Kafka: {topic} refused a record of {size} bytes ({err.str()}); raise the topic's"
+        " max.message.bytes and the producer's message.max.bytes (a kafka:// URL setting,"
+        " e.g. &message.max.bytes=2000000) above it, or make it smaller",
+        size=size,
+    )
 
 
 def _tenant(body: bytes) -> str | None:

@@ -23,7 +23,15 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from .transport import BrokerUnavailable, DeadLetter, DeadLetterRecord, Delivery, LeaseLost, Transport
+from .transport import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetterRecord,
+    Delivery,
+    LeaseLost,
+    RecordRejected,
+    Transport,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +100,9 @@ class SQSTransport(Transport):
         except _ERRORS as exc:
             raise BrokerUnavailable(f"SQS at {self._endpoint or self._region}: {exc}") from None
         except botocore.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _LOST_CODES:
+            # Only a call with a receipt handle has a lease to lose (a send's InvalidParameterValue
+            # is about the message: ``reply``).
+            if "ReceiptHandle" in kwargs and exc.response.get("Error", {}).get("Code") in _LOST_CODES:
                 raise LeaseLost(f"SQS {op}: {exc}") from None
             raise
 
@@ -206,7 +216,20 @@ class SQSTransport(Transport):
         self.release(delivery, self.lease_seconds or 30)
 
     def reply(self, body: bytes) -> None:
-        self._call("send_message", QueueUrl=self.urls["results"], MessageBody=body.decode())
+        """SendMessage to ``QUEUE-results``; a result over the queue's ``MaximumMessageSize`` is
+        :class:`RecordRejected` (the same result is refused again: no redelivery)."""
+        try:
+            self._call("send_message", QueueUrl=self.urls["results"], MessageBody=body.decode())
+        except botocore.exceptions.ClientError as exc:
+            error = exc.response.get("Error", {})
+            text = str(error.get("Message", ""))
+            if "InvalidParameterValue" not in str(error.get("Code", "")) or "shorter than" not in text:
+                raise
+            raise RecordRejected(
+                f"SQS: {self.name}-results refused a result of {len(body)} bytes ({text}); raise the"
+                " queue's MaximumMessageSize (at most 1 MiB) or make the result smaller",
+                size=len(body),
+            ) from None
 
     def send(self, body: bytes, message_id: str | None = None) -> None:
         """SendMessage (``message_id`` has no place: SQS gives the message its ``MessageId``)."""

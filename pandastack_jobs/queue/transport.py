@@ -22,6 +22,17 @@ class BrokerUnavailable(PandaStackJobsError, ConnectionError):
     """The broker cannot be reached (or dropped the connection); the message says which and why."""
 
 
+class RecordRejected(PandaStackJobsError):
+    """The broker refused THIS record (too large for the destination, or invalid), not the
+    connection: sending it again gives the same answer, so the consumer dead-letters the message
+    instead of reconnecting. The message names the destination, the record's size and the
+    setting to raise; ``size`` is that size in bytes."""
+
+    def __init__(self, message: str, size: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class LeaseLost(PandaStackJobsError):
     """The delivery is no longer ours (its lease ran out and another consumer took it, or the broker
     forgot it): nothing to settle here; the broker redelivers it, or already has."""

@@ -219,3 +219,60 @@ def test_order_key_runs_one_tenants_messages_in_order_and_tenants_in_parallel(
     # the tenants ran side by side: some globex job overlapped some acme job
     assert any(g["start"] < a["end"] and a["start"] < g["end"] for g in globex for a in acme)
     assert broker.depth(queue) == 0
+
+
+def test_records_too_large_for_their_topic_dead_letter_their_messages_and_nothing_stalls(
+    broker: Kafka, queue: str, start_consumer: Any
+) -> None:
+    """Red team (rt11): a record the broker refuses for its SIZE was taken for a broker outage:
+    the consumer reconnected about 200 times a minute with the message at the head of its settle
+    queue, so no other tenant's message settled and it was never answered nor dead-lettered.
+    Three of them on partition 0 here: a 1.2 MB result (over ``message.max.bytes``), a ~1 MB
+    message that fails (its retry record is refused) and a ~1 MB malformed one (its dead letter
+    is refused whole). Each is dead-lettered once (kinds ``reply_rejected``,
+    ``release_rejected``, ``malformed``), the two ~1 MB ones kept without their body, naming
+    where the original is; the messages beside them are answered. Seen failing before the fix
+    (/work/rt11 repro): no dead letter, 190-202 reconnects, victims stalled."""
+    from confluent_kafka import Producer
+
+    broker.transport(queue).close()  # the topics
+    big_result = (
+        'printf \'{"p":"\' > "$JOB_RESULT"; head -c 1200000 /dev/zero | tr "\\0" a >> "$JOB_RESULT";'
+        ' printf \'"}\' >> "$JOB_RESULT"'
+    )
+    p = Producer({"bootstrap.servers": f"127.0.0.1:{broker.port}", "message.max.bytes": 2_000_000})
+    records = [
+        message(big_result, id="big-result"),
+        json.dumps({"command": "exit 1", "id": "big-failure", "input": "x" * 1_000_000}).encode(),
+        b'{"command": "true", "id": "big-malformed", "pad": "' + b"x" * 1_030_000 + b'"}',
+    ]
+    for value in records:
+        p.produce(queue, value=value, partition=0)
+    for i in range(4):
+        p.produce(queue, value=message(echo_job(), id=f"victim{i}"), partition=i % 2)
+    assert p.flush(30) == 0
+    run = start_consumer(
+        until=lambda s: s.acked >= 4 and s.dead_lettered >= 3, concurrency=2, max_deliveries=3
+    )
+    stats = run.join(90)
+    assert sorted(_by_id(broker.results(queue))) == [f"victim{i}" for i in range(4)]
+    dead = {d["why"]["id"]: d for d in broker.dead(queue)}
+    assert sorted(dead) == ["big-failure", "big-malformed", "big-result"], dead
+    kinds = {ident: d["why"]["kind"] for ident, d in dead.items()}
+    assert kinds == {
+        "big-result": "reply_rejected",
+        "big-failure": "release_rejected",
+        "big-malformed": "malformed",
+    }
+    result_why = dead["big-result"]["why"]["reason"]
+    assert f"{queue}.results refused a record of 12002" in result_why and "max.message.bytes" in result_why
+    assert f"{queue}.retry refused a record" in dead["big-failure"]["why"]["reason"]
+    for ident in ("big-failure", "big-malformed"):  # too large to keep whole
+        why = dead[ident]["why"]
+        assert dead[ident]["body"] in (b"", None), ident
+        offset = why["broker_id"].split("-")[1]  # the original's partition-offset
+        assert why["reason"].startswith("[not kept: the body of 10"), why
+        assert f"the original is {queue}[0] at offset {offset}," in why["reason"], why
+    assert dead["big-result"]["body"] == records[0]
+    assert stats.reconnects == 0 and stats.dead_lettered == 3
+    assert broker.committed(queue)[0] == 5 and broker.depth(queue) == 0
