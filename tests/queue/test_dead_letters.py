@@ -100,3 +100,28 @@ def test_a_stored_reason_of_any_shape_is_listed_never_a_traceback(broker: Broker
         ("text", "unknown", "x"),
         ("list", "unknown", "x"),
     ], rows
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "postgres"], indirect=True)
+def test_hostile_field_names_are_dead_lettered_once_and_stop_nobody(
+    broker: Broker, queue: str, start_consumer: Callable[..., Running]
+) -> None:
+    """Red team, session 11: a 450 KB unknown field name made RabbitMQ close the connection over
+    the dead letter's header (every other message was redelivered until dead-lettered), and a NUL
+    in one could never be stored in PostgreSQL's jsonb (a failed dead letter once per lease, for
+    ever). Both are dead-lettered once, bounded and on one line; the victims are answered."""
+    producer = broker.transport(queue)
+    producer.send(json.dumps({"id": "evil-long", "command": "true", "f" * 450_000: 1}).encode())
+    producer.send(json.dumps({"id": "evil-nul", "command": "true", "\u0000\nWARNING forged": 1}).encode())
+    for i in range(3):
+        producer.send(message(echo_job(), id=f"victim-{i}"))
+    producer.close()
+    stats = start_consumer(until=lambda s: s.acked + s.dead_lettered >= 5, concurrency=2).join(90)
+    assert (stats.acked, stats.dead_lettered, stats.reconnects, stats.redelivered) == (3, 2, 0, 0), stats
+    assert sorted(r["result"]["id"] for r in broker.results(queue)) == ["victim-0", "victim-1", "victim-2"]
+    listed = _cli(broker, queue, "--json")  # the stored reasons, read back through the CLI
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["id"]: row for row in map(json.loads, listed.stdout.splitlines())}
+    assert set(rows) == {"evil-long", "evil-nul"}, listed.stdout
+    assert rows["evil-long"]["kind"] == "malformed" and len(rows["evil-long"]["field"]) <= 120
+    assert rows["evil-nul"]["field"] == "\\x00\\nWARNING forged", rows["evil-nul"]
