@@ -415,9 +415,7 @@ class Consumer:
         except Exception as exc:  # a bug on one message must not stop the consumer
             logger.exception("message %s could not be started; dead-lettering it", delivery.message_id)
             reason = f"consumer error while starting the message: {type(exc).__name__}: {exc}"
-            self._dead_at_once(
-                delivery, DeadLetter(reason[:4000], "consumer_error", None, delivery.count), None
-            )
+            self._dead_at_once(delivery, DeadLetter(reason, "consumer_error", None, delivery.count), None)
 
     def _start_one(self, delivery: Delivery) -> None:
         if delivery.malformed is not None:  # broker-level fields the transport does not accept
@@ -677,11 +675,10 @@ class Consumer:
                     reason = (
                         f"the broker refused its result: {exc}; re-running the job would give the same result"
                     )
-                    tails = {
-                        "stdout_tail": outcome.stdout_tail[-2000:],
-                        "stderr_tail": outcome.stderr_tail[-2000:],
-                    }
-                    self._dead(d, DeadLetter(reason, "reply_rejected", None, d.count, **tails), work.job)
+                    why = DeadLetter(
+                        reason, "reply_rejected", None, d.count, outcome.stdout_tail, outcome.stderr_tail
+                    )
+                    self._dead(d, why, work.job)
                     return True
                 except Exception as exc:  # noqa: BLE001 - the result is not out: redeliver
                     logger.warning("message %s: result sink failed (%s); redelivering", d.message_id, exc)
@@ -708,8 +705,8 @@ class Consumer:
             reason = f"refused for capacity while other messages' creates went through: {reason}"
         if outcome.redeliver:
             reason = f"gave up after {count} deliveries (max_deliveries={self.max_deliveries}): {reason}"
-        tails = {"stdout_tail": outcome.stdout_tail[-2000:], "stderr_tail": outcome.stderr_tail[-2000:]}
-        self._dead(d, DeadLetter(reason, kind, None, count, **tails), work.job)
+        why = DeadLetter(reason, kind, None, count, outcome.stdout_tail, outcome.stderr_tail)
+        self._dead(d, why, work.job)
         return True
 
     def _created(self) -> None:

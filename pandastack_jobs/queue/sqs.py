@@ -135,7 +135,7 @@ class SQSTransport(Transport):
 
     def dead_letter(self, delivery: Delivery, why: DeadLetter) -> None:
         attrs = {
-            "reason": {"DataType": "String", "StringValue": why.reason[:4000] or "-"},
+            "reason": {"DataType": "String", "StringValue": why.reason or "-"},
             "kind": {"DataType": "String", "StringValue": why.kind},
             "message_id": {"DataType": "String", "StringValue": delivery.message_id},
             "why": {"DataType": "String", "StringValue": why.to_json()},
