@@ -82,12 +82,14 @@ class Stop:
 class GuardCounts:
     """What the guard did since the server started (``/healthz``)."""
 
+    passes: int = 0  # every pass that measured: a counter that stops moving is a stalled guard
     passes_over_budget: int = 0
     jobs_stopped: int = 0
     sandboxes_stopped: int = 0
 
     def to_json(self) -> dict[str, int]:
         return {
+            "passes": self.passes,
             "passes_over_budget": self.passes_over_budget,
             "jobs_stopped": self.jobs_stopped,
             "sandboxes_stopped": self.sandboxes_stopped,
@@ -202,6 +204,7 @@ class Admission:
             self.last_total_mb = 0
             return []
         now = time.monotonic() if now is None else now
+        self.counts.passes += 1
         # The cheap read first: the working set is never more than the charge.
         usage = {o.name: self._usage_bytes(o.name) for o in occupants}
         budget = (self.budget_mb or 0) * MB

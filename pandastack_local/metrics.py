@@ -198,6 +198,12 @@ class _StateCollector:
         guard.add_metric(["sandbox_stopped"], guard_counts.sandboxes_stopped)
         yield guard
         yield CounterMetricFamily(
+            "pandastack_local_memory_guard_passes",
+            "Guard passes that measured the sandboxes' memory (one per interval while any sandbox "
+            "exists): a counter that stops moving is a stalled guard.",
+            value=guard_counts.passes,
+        )
+        yield CounterMetricFamily(
             "pandastack_local_memory_guard_passes_over_budget",
             "Guard passes that found the sandboxes' memory over the budget.",
             value=guard_counts.passes_over_budget,

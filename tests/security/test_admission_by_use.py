@@ -169,11 +169,15 @@ def test_a_fork_is_admitted_by_what_each_child_copies(make_local_server, make_te
     try:
         assert parent.exec("head -c 100M /dev/zero > /work/blob && echo ok").stdout == "ok\n"
         headers = {"Authorization": f"Bearer {server.api_key}"}
-        r = httpx.post(f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 16}, headers=headers)
+        r = httpx.post(
+            f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 16}, headers=headers, timeout=120
+        )
         assert r.status_code == 507, r.text
         assert r.headers.get("Retry-After") == "1" and "insufficient host memory" in r.json()["error"]
         assert [sb.id for sb in client.sandboxes.list()] == [parent.id]
-        one = httpx.post(f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 1}, headers=headers)
+        one = httpx.post(
+            f"{server.url}/v1/sandboxes/{parent.id}/fork", json={"count": 1}, headers=headers, timeout=120
+        )
         assert one.status_code == 201, one.text
         for child in one.json()["children"]:
             client.sandboxes.delete(child)

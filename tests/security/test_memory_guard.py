@@ -31,9 +31,10 @@ IDLE_ATTACKERS = 12
 GROWERS = 4
 GROW_MB = 300
 NEIGHBOUR_MB = 120
-# How long the total may stay over the budget: the guard's 2 s bound, plus one scan for the
-# tracker's own polling and a loaded 2-core host.
-OVER_BUDGET_BOUND_SECONDS = 2.5
+# How many guard passes in a row may find the total over the budget: the issue's 2 s at the
+# guard's 0.5 s interval. Counted in passes, not seconds: on a loaded host (CI's lanes reach a
+# load of 98 on 2 cores) every pass comes late alike; the seconds are reported beside it.
+OVER_BUDGET_BOUND_PASSES = 4
 
 # argv: KIND MB HOLD. Grows by KIND in 10 MB steps to MB, holds HOLD s, prints "held MB".
 # ``steady`` (the neighbour): keeps MB for HOLD s while it keeps allocating, as a real job does.
@@ -86,11 +87,19 @@ print("held", target, flush=True)
 
 
 @dataclass
+class Sample:
+    at: float
+    used_mb: int | None
+    passes: int
+    over: int
+
+
+@dataclass
 class Tracker:
     """Polls /healthz's memory section: the total the guard sees, and its counts."""
 
     url: str
-    samples: list[tuple[float, int | None]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
     last: dict[str, Any] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -113,18 +122,54 @@ class Tracker:
                 except (httpx.HTTPError, ValueError):
                     continue
                 self.last = body
-                self.samples.append((time.monotonic(), (body.get("memory") or {}).get("used_mb")))
+                memory = body.get("memory") or {}
+                guard = memory.get("guard") or {}
+                self.samples.append(
+                    Sample(
+                        time.monotonic(),
+                        memory.get("used_mb"),
+                        guard.get("passes", 0),
+                        guard.get("passes_over_budget", 0),
+                    )
+                )
 
-    def longest_over(self, budget_mb: int) -> float:
-        """The longest stretch the total stayed over the budget, in seconds."""
+    def used(self) -> list[int | None]:
+        return [s.used_mb for s in self.samples]
+
+    def longest_over_passes(self) -> int:
+        """The most guard passes in a row that found the total over the budget. Between two
+        samples where some passes fitted, the run restarts with the over-budget ones counted last
+        (an upper bound)."""
+        longest = run = 0
+        for before, after in zip(self.samples, self.samples[1:], strict=False):
+            passes, over = after.passes - before.passes, after.over - before.over
+            run = run + over if over == passes else over
+            longest = max(longest, run)
+        return longest
+
+    def longest_over_seconds(self, budget_mb: int) -> float:
+        """The longest stretch the total stayed over the budget, in seconds (reported, not bound)."""
         longest, since = 0.0, None
-        for t, used in self.samples:
-            if used is not None and used > budget_mb:
-                since = t if since is None else since
-                longest = max(longest, t - since)
+        for s in self.samples:
+            if s.used_mb is not None and s.used_mb > budget_mb:
+                since = s.at if since is None else since
+                longest = max(longest, s.at - since)
             else:
                 since = None
         return longest
+
+    def over_budget_report(self, budget_mb: int) -> str:
+        """A short account for an assertion message (CI prints only part of a long one)."""
+        over = [
+            (round(s.at - self.samples[0].at, 1), s.used_mb, s.passes, s.over)
+            for s in self.samples
+            if s.used_mb is not None and s.used_mb > budget_mb
+        ]
+        return (
+            f"longest over the budget: {self.longest_over_passes()} passes in a row, "
+            f"{self.longest_over_seconds(budget_mb):.1f} s; {len(self.samples)} samples; "
+            f"over-budget samples (t, used_mb, passes, over): {over[:40]}"
+        )
 
 
 def _needs_memory_cgroup(server: Any) -> None:
@@ -157,7 +202,9 @@ def _crowd(
     roomy = make_template(name="roomy", cpu=1, memory_mb=1024, disk_mb=disk_mb)
     server = make_local_server(template_dirs=[roomy], pool_size=0, memory_budget_mb=budget_mb)
     _needs_memory_cgroup(server)
-    client = server.client()
+    # Not the SDK's 30 s: CI's lanes load this 2-core host to 98, and these tests bound the guard's
+    # passes, not how fast a starved host answers.
+    client = server.client(timeout=120)
     boxes: list[Any] = []
     tracker = Tracker(server.url)
     try:
@@ -218,10 +265,12 @@ def test_the_guard_stops_the_attackers_never_the_neighbour(
         assert len(stopped) >= 2, (outcomes, server.log_tail(60))
         for o in outcomes:
             assert _stopped(o) or (o.exit_code == 0 and "held" in o.stdout), o
-        used = [u for _, u in tracker.samples]
+        used = tracker.used()
+        report = tracker.over_budget_report(BUDGET_MB)
         assert any(u is not None and u > BUDGET_MB for u in used), used  # the attack did cross it
-        assert tracker.longest_over(BUDGET_MB) <= OVER_BUDGET_BOUND_SECONDS, tracker.samples
-        assert used[-1] is not None and used[-1] <= BUDGET_MB, used[-5:]
+        print(report)
+        assert tracker.longest_over_passes() <= OVER_BUDGET_BOUND_PASSES, report
+        assert used[-1] is not None and used[-1] <= BUDGET_MB, (used[-5:], report)
         guard = tracker.last["memory"]["guard"]
         assert guard["jobs_stopped"] + guard["sandboxes_stopped"] >= len(stopped), guard
         assert "memory guard:" in server.log_tail(400)
@@ -356,7 +405,7 @@ def test_idle_holders_are_reclaimed_before_a_neighbours_running_job(make_local_s
         deadline = time.monotonic() + 10
         while not tracker.samples and time.monotonic() < deadline:
             time.sleep(0.1)
-        before = tracker.samples[-1][1]
+        before = tracker.samples[-1].used_mb
         assert before is not None and before < HOLDERS_BUDGET_MB, (before, "the holders alone fit")
         outcome = _run(neighbour, f"python3 /work/grow.py steady {HOLDERS_NEIGHBOUR_MB} 6")
         tracker.finish()
@@ -365,9 +414,11 @@ def test_idle_holders_are_reclaimed_before_a_neighbours_running_job(make_local_s
             outcome,
             server.log_tail(40),
         )
-        used = [u for _, u in tracker.samples]
+        used = tracker.used()
         assert any(u is not None and u > HOLDERS_BUDGET_MB for u in used), used  # it did cross
-        assert tracker.longest_over(HOLDERS_BUDGET_MB) <= OVER_BUDGET_BOUND_SECONDS, tracker.samples
+        report = tracker.over_budget_report(HOLDERS_BUDGET_MB)
+        print(report)
+        assert tracker.longest_over_passes() <= OVER_BUDGET_BOUND_PASSES, report
         guard = tracker.last["memory"]["guard"]
         assert guard["jobs_stopped"] == 0 and guard["sandboxes_stopped"] >= 1, guard
         gone = 0

@@ -228,6 +228,7 @@ def test_limits_admission_refuses_overcommit_of_the_default_budget(make_local_se
         httpx.delete(
             f"{server.url}/v1/sandboxes/{first.json()['id']}",
             headers={"Authorization": f"Bearer {server.api_key}"},
+            timeout=60,
         )
 
 
