@@ -479,9 +479,18 @@ class Consumer:
                 self._pool.submit(contextvars.copy_context().run, self._run_chunk, chunk)
 
     def _release_pending(self, uncharged: bool = False) -> None:
+        """Give back what was pulled and not started (a drain, an outage). A record the broker
+        refuses for itself is dead-lettered as a settle's would be, never raised out of the loop."""
         while self._pending:
             work = self._pending[0]
-            self._broker(functools.partial(self.transport.release, work.delivery, 0))
+            try:
+                self._broker(functools.partial(self.transport.release, work.delivery, 0))
+            except RecordRejected as exc:
+                self._pending.pop(0)
+                d = work.delivery
+                reason = f"the broker refused the record that gives it back: {exc}"
+                self._dead(d, DeadLetter(reason, "release_rejected", None, d.count), work.job)
+                continue
             self._pending.pop(0)
             if uncharged:
                 self._uncharged.add(work.delivery.message_id)

@@ -192,3 +192,59 @@ def test_sqs_refusing_a_result_for_its_size_is_a_rejected_record() -> None:
     t._client = _Client("Invalid request: DelaySeconds")  # another refusal stays what it was
     with pytest.raises(botocore.exceptions.ClientError):
         t.reply(b"r")
+
+
+@pytest.mark.parametrize("why", ["drain", "outage"])
+def test_a_pulled_message_whose_give_back_is_refused_is_dead_lettered_never_a_crash(
+    fake: FakeClient, why: str
+) -> None:
+    """Pulled and not started (one slot, three messages pulled for chunks of four, each of its
+    own tenant), then given back: on a drain, or when PandaStack goes down. The ~150 KB one's
+    retry record is refused for its size. Seen failing before the fix: RecordRejected escaped
+    the loop and the consumer exited (and again after each restart that pulled it)."""
+    import pandastack
+
+    t = _Sized()
+    gate = threading.Event()
+    fake.script("slow", wait=gate, result={"fine": True})
+    fake.script("echo", result={"fine": True})
+    if why == "outage":
+        fake.fail("create", pandastack.APIConnectionError("Connection refused"), times=None)
+    t.put({"id": "first", "command": "slow", "tenant": "a"})
+    t.put({"id": "big", "command": "echo", "tenant": "b", "options": {"env": {"PAD": "x" * 150_000}}})
+    t.put({"id": "small", "command": "echo", "tenant": "c"})
+    c = Consumer(
+        t,
+        _Fake(fake),
+        concurrency=1,
+        chunk_size=4,
+        chunk_key="tenant",
+        max_deliveries=3,
+        release_delay=0,
+        poll_seconds=0.05,
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            c.run()
+        except BaseException as exc:  # the assertion below names it
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        if why == "drain":
+            wait_for("the first job runs", lambda: fake.live(), timeout=10, interval=0.01)
+            c.stop()
+        wait_for("the big one dead-lettered", lambda: t.dead or errors, timeout=10, interval=0.01)
+    finally:
+        gate.set()
+        c.stop()
+        thread.join(30)
+    assert not errors, errors
+    assert not thread.is_alive(), c.stats
+    ((mid, dead),) = t.dead
+    assert mid == "big" and dead.kind == "release_rejected", dead
+    assert "jobs.retry refused a record" in dead.reason, dead
+    assert "small" in t.released or "small" in t.acked, (t.released, t.acked)
