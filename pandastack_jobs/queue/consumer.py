@@ -479,17 +479,26 @@ class Consumer:
                 self._pool.submit(contextvars.copy_context().run, self._run_chunk, chunk)
 
     def _release_pending(self, uncharged: bool = False) -> None:
-        """Give back what was pulled and not started (a drain, an outage). A record the broker
-        refuses for itself is dead-lettered as a settle's would be, never raised out of the loop."""
+        """Give back what was pulled and not started (a drain, an outage). Like a settle, one
+        message's give-back never stops the loop: a broker outage keeps the rest for the next
+        call, a record the broker refuses for itself is dead-lettered (``release_rejected``), a
+        lost lease or any other error leaves the message to the broker (it comes back)."""
         while self._pending:
             work = self._pending[0]
+            d = work.delivery
             try:
-                self._broker(functools.partial(self.transport.release, work.delivery, 0))
+                if self._broker(functools.partial(self.transport.release, d, 0), failed=False) is False:
+                    return  # the broker is down: give them back after the reconnect
             except RecordRejected as exc:
                 self._pending.pop(0)
-                d = work.delivery
                 reason = f"the broker refused the record that gives it back: {exc}"
-                self._dead(d, DeadLetter(reason, "release_rejected", None, d.count), work.job)
+                self._dead_at_once(d, DeadLetter(reason, "release_rejected", None, d.count), work.job)
+                continue
+            except BrokerUnavailable:
+                raise
+            except Exception as exc:  # LeaseLost, or a transport's bug on this one message
+                self._pending.pop(0)
+                logger.warning("message %s: not given back (%s); left to the broker", d.message_id, exc)
                 continue
             self._pending.pop(0)
             if uncharged:

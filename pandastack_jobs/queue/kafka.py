@@ -57,8 +57,10 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from ..tracing import valid_traceparent
+from .message import DEFAULT_MAX_MESSAGE_BYTES
 from .stamps import MAX_PRIOR, Stamper
 from .transport import (
+    MAX_DEAD_LETTER_BYTES,
     BrokerUnavailable,
     DeadLetter,
     DeadLetterRecord,
@@ -73,6 +75,9 @@ logger = logging.getLogger(__name__)
 
 _LIBRDKAFKA_LOG = logger.getChild("librdkafka")  # the same name, from the module's logger
 _META_BYTES = 3500  # the broker keeps at most offset.metadata.max.bytes (4096 by default)
+# What a retry record or a dead letter adds to a message the consumer took: the stamps and the
+# trace headers, or the dead letter's reason (at most MAX_DEAD_LETTER_BYTES) and its id.
+_RECORD_HEADROOM = MAX_DEAD_LETTER_BYTES + 64 * 1024
 _PREFETCH = 64  # records taken from Kafka and not yet handed out, at most (then the partitions pause)
 _FLUSH_SECONDS = 10.0
 # What a group coordinator answers while it is not ready yet (asked again by ``backlog``).
@@ -280,7 +285,11 @@ class KafkaTransport(Transport):
         """Create the clients and the topics on the first call; afterwards, check the broker is
         reachable again (librdkafka reconnects by itself; the group membership is kept)."""
         if self._producer is None:
-            self._producer = Producer(self._conf("producer", **{"enable.idempotence": True, "linger.ms": 5}))
+            conf = self._conf("producer", **{"enable.idempotence": True, "linger.ms": 5})
+            # librdkafka's own 1,000,000 would refuse the retry of a message the consumer took (up
+            # to max_body_bytes, 1 MiB by default): the topics' limits decide, unless the URL does.
+            conf.setdefault("message.max.bytes", max(1_000_000, self._record_limit()))
+            self._producer = Producer(conf)
             self._ensure_topics()
             if not self._stamps.signed:
                 logger.warning(
@@ -303,7 +312,18 @@ class KafkaTransport(Transport):
             self._producer = None
             raise BrokerUnavailable(f"Kafka at {self._hosts}: {exc.args[0].str()}") from None
         wanted = [self.topic, self.retry_topic, self.dead_topic, self.reply_topic]
-        new = [NewTopic(t, num_partitions=self.partitions) for t in wanted if t not in existing]
+        # The retry and dead topics take any message the consumer took, plus what it adds: a
+        # give-back in an outage or a retry never turns into a dead letter for its size alone.
+        roomy = {"max.message.bytes": str(self._record_limit())}
+        new = [
+            NewTopic(
+                t,
+                num_partitions=self.partitions,
+                config=roomy if t in (self.retry_topic, self.dead_topic) else {},
+            )
+            for t in wanted
+            if t not in existing
+        ]
         for topic, future in (admin.create_topics(new, operation_timeout=10) if new else {}).items():
             try:
                 future.result(15)
@@ -313,6 +333,10 @@ class KafkaTransport(Transport):
                     raise BrokerUnavailable(f"Kafka: creating topic {topic}: {exc.args[0].str()}") from None
         meta = admin.list_topics(self.topic, timeout=10).topics.get(self.topic)
         self._main_partitions = len(meta.partitions) if meta and meta.partitions else self.partitions
+
+    def _record_limit(self) -> int:
+        """The largest record the transport writes for a message it took (a retry or a dead letter)."""
+        return (self.max_body_bytes or DEFAULT_MAX_MESSAGE_BYTES) + _RECORD_HEADROOM
 
     def _subscribe(self) -> None:
         """Join the groups on the first receive (a transport that only sends never joins)."""

@@ -235,7 +235,10 @@ def test_records_too_large_for_their_topic_dead_letter_their_messages_and_nothin
     (/work/rt11 repro): no dead letter, 190-202 reconnects, victims stalled."""
     from confluent_kafka import Producer
 
-    broker.transport(queue).close()  # the topics
+    # The retry and dead topics as an operator may have made them, at librdkafka's 1,000,000
+    # (the transport makes its own with room for any message it takes: the next test).
+    _make_topics(broker, {f"{queue}.retry": 1_000_000, f"{queue}.dead": 1_000_000})
+    broker.transport(queue).close()  # the other topics
     big_result = (
         'printf \'{"p":"\' > "$JOB_RESULT"; head -c 1200000 /dev/zero | tr "\\0" a >> "$JOB_RESULT";'
         ' printf \'"}\' >> "$JOB_RESULT"'
@@ -276,3 +279,39 @@ def test_records_too_large_for_their_topic_dead_letter_their_messages_and_nothin
     assert dead["big-result"]["body"] == records[0]
     assert stats.reconnects == 0 and stats.dead_lettered == 3
     assert broker.committed(queue)[0] == 5 and broker.depth(queue) == 0
+
+
+def _make_topics(broker: Kafka, limits: dict[str, int]) -> None:
+    """Create ``limits``' topics (2 partitions) with each its ``max.message.bytes``."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{broker.port}"})
+    new = [NewTopic(t, num_partitions=2, config={"max.message.bytes": str(n)}) for t, n in limits.items()]
+    for future in admin.create_topics(new, operation_timeout=10).values():
+        future.result(15)
+
+
+def test_a_message_near_the_size_limit_is_retried_and_dead_lettered_whole(
+    broker: Kafka, queue: str, start_consumer: Any
+) -> None:
+    """Red team (rt12): a valid 1,010,000-byte message (the topic took it; under the consumer's
+    1 MiB) was dead-lettered release_rejected when a PandaStack outage or a drain gave it back,
+    and on its first retry: librdkafka's producer refuses records over 1,000,000 bytes. The
+    transport's producer and the retry and dead topics it makes now take any message it took plus
+    what it adds, so the message is retried and dead-lettered whole like any other."""
+    from confluent_kafka import Producer
+
+    broker.transport(queue).close()  # the topics, made by the transport
+    p = Producer({"bootstrap.servers": f"127.0.0.1:{broker.port}", "message.max.bytes": 2_000_000})
+    record = json.dumps({"command": "exit 1", "id": "near-limit", "input": "x" * 1_040_000}).encode()
+    p.produce(queue, value=record, partition=0)
+    p.produce(queue, value=message(echo_job(), id="victim"), partition=1)
+    assert p.flush(30) == 0
+    run = start_consumer(until=lambda s: s.acked >= 1 and s.dead_lettered >= 1, max_deliveries=2)
+    stats = run.join(90)
+    assert sorted(_by_id(broker.results(queue))) == ["victim"]
+    (dead,) = broker.dead(queue)
+    assert dead["why"]["kind"] != "release_rejected" and dead["why"]["deliveries"] == 2, dead["why"]
+    assert dead["body"] == record  # kept whole
+    assert stats.reconnects == 0 and stats.dead_lettered == 1
+    assert broker.depth(queue) == 0

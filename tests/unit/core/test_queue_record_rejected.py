@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from pandastack_jobs.queue import Consumer
 from pandastack_jobs.queue.kafka import KafkaTransport
 from pandastack_jobs.queue.memory import MemoryTransport
-from pandastack_jobs.queue.transport import BrokerUnavailable, DeadLetter, Delivery, RecordRejected
+from pandastack_jobs.queue.transport import BrokerUnavailable, DeadLetter, Delivery, LeaseLost, RecordRejected
 from pandastack_jobs.testing import FakeClient
 from pandastack_local.testing.waiting import wait_for
 from tests.unit.core.test_queue_chunks import _Fake
@@ -194,17 +194,13 @@ def test_sqs_refusing_a_result_for_its_size_is_a_rejected_record() -> None:
         t.reply(b"r")
 
 
-@pytest.mark.parametrize("why", ["drain", "outage"])
-def test_a_pulled_message_whose_give_back_is_refused_is_dead_lettered_never_a_crash(
-    fake: FakeClient, why: str
-) -> None:
-    """Pulled and not started (one slot, three messages pulled for chunks of four, each of its
-    own tenant), then given back: on a drain, or when PandaStack goes down. The ~150 KB one's
-    retry record is refused for its size. Seen failing before the fix: RecordRejected escaped
-    the loop and the consumer exited (and again after each restart that pulled it)."""
+def _give_back(fake: FakeClient, t: MemoryTransport, why: str) -> Consumer:
+    """One slot, three messages of three tenants pulled for chunks of four: ``first`` runs (held
+    until the end), ``big`` (~150 KB) and ``small`` wait; then the consumer gives back what it
+    pulled: on a drain (``stop()``), or when PandaStack goes down (every create refused as a
+    connection error). Returns the consumer once its loop ended, asserting it raised nothing."""
     import pandastack
 
-    t = _Sized()
     gate = threading.Event()
     fake.script("slow", wait=gate, result={"fine": True})
     fake.script("echo", result={"fine": True})
@@ -237,14 +233,60 @@ def test_a_pulled_message_whose_give_back_is_refused_is_dead_lettered_never_a_cr
         if why == "drain":
             wait_for("the first job runs", lambda: fake.live(), timeout=10, interval=0.01)
             c.stop()
-        wait_for("the big one dead-lettered", lambda: t.dead or errors, timeout=10, interval=0.01)
+        wait_for(
+            "big given back",
+            lambda: "big" not in [w.delivery.message_id for w in c._pending] or errors,
+            timeout=10,
+            interval=0.01,
+        )
+        wait_for("small given back", lambda: "small" in t.released or errors, timeout=10, interval=0.01)
     finally:
         gate.set()
         c.stop()
         thread.join(30)
     assert not errors, errors
     assert not thread.is_alive(), c.stats
+    return c
+
+
+@pytest.mark.parametrize("why", ["drain", "outage"])
+def test_a_pulled_message_whose_give_back_is_refused_is_dead_lettered_never_a_crash(
+    fake: FakeClient, why: str
+) -> None:
+    """The ~150 KB message's retry record is refused for its size. Seen failing before the fix:
+    RecordRejected escaped the loop and the consumer exited (and again after each restart that
+    pulled it)."""
+    t = _Sized()
+    _give_back(fake, t, why)
     ((mid, dead),) = t.dead
     assert mid == "big" and dead.kind == "release_rejected", dead
     assert "jobs.retry refused a record" in dead.reason, dead
-    assert "small" in t.released or "small" in t.acked, (t.released, t.acked)
+
+
+class _Flaky(MemoryTransport):
+    """``big``'s give-back finds its lease gone; the first give-back of ``small`` finds the
+    broker down (it is up again at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.downs = 0
+
+    def release(self, delivery: Delivery, delay_seconds: float) -> None:
+        if delivery.message_id == "big":
+            raise LeaseLost("big: its lease ran out and another consumer took it")
+        if delivery.message_id == "small" and self.downs == 0:
+            self.downs += 1
+            raise BrokerUnavailable("connection reset")
+        super().release(delivery, delay_seconds)
+
+
+@pytest.mark.parametrize("why", ["drain", "outage"])
+def test_a_give_back_that_loses_its_lease_or_meets_an_outage_never_stops_the_loop(
+    fake: FakeClient, why: str
+) -> None:
+    """Seen failing before the fix: LeaseLost escaped the loop (the consumer exited), and a
+    give-back that met the broker down was counted as done though it never happened."""
+    t = _Flaky()
+    c = _give_back(fake, t, why)
+    assert "big" not in t.released and t.dead == [], (t.released, t.dead)
+    assert "small" in t.released and t.downs == 1 and c.stats.reconnects >= 1, (t.released, c.stats)
