@@ -496,7 +496,7 @@ class Consumer:
                 continue
             except BrokerUnavailable:
                 raise
-            except Exception as exc:  # LeaseLost, or a transport's bug on this one message
+            except Exception as exc:  # noqa: BLE001 - LeaseLost, or a transport bug on this one message
                 self._pending.pop(0)
                 logger.warning("message %s: not given back (%s); left to the broker", d.message_id, exc)
                 continue
