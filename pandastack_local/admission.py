@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from pandastack_local.isolation.cgroups import Cgroups
 from pandastack_local.templates.registry import Template
@@ -88,12 +88,7 @@ class GuardCounts:
     sandboxes_stopped: int = 0
 
     def to_json(self) -> dict[str, int]:
-        return {
-            "passes": self.passes,
-            "passes_over_budget": self.passes_over_budget,
-            "jobs_stopped": self.jobs_stopped,
-            "sandboxes_stopped": self.sandboxes_stopped,
-        }
+        return asdict(self)  # every count, in field order: a new one needs no second edit
 
 
 class Admission:
